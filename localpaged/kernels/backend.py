@@ -1,0 +1,25 @@
+"""Which implementation an op runs: Triton on CUDA, torch elsewhere.
+
+`LOCALPAGED_KERNELS=torch` forces the torch path (debugging); `LOCALPAGED_KERNELS=triton`
+with `TRITON_INTERPRET=1` runs the Triton kernels on the CPU (slow, for checking).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+_CHOICES = ("auto", "torch", "triton")
+
+
+def use_triton(t: torch.Tensor) -> bool:
+    """True when the op on tensor `t` should run its Triton kernel."""
+    choice = os.environ.get("LOCALPAGED_KERNELS", "auto").lower()
+    if choice not in _CHOICES:
+        raise ValueError(f"LOCALPAGED_KERNELS={choice!r}: expected one of {', '.join(_CHOICES)}")
+    if choice == "torch":
+        return False
+    if choice == "triton":
+        return t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+    return t.is_cuda

