@@ -1,0 +1,133 @@
+"""ModelConfig: the fields of an HF config.json that the model, loader and engine need.
+
+Reads both transformers-4 style configs (`rope_theta`, `rope_scaling`, `torch_dtype`) and
+transformers-5 style ones (`rope_parameters` holding rope_type/rope_theta/factors, `dtype`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+
+# Keys of a rope dict that are not scaling parameters.
+_ROPE_NON_SCALING = {"rope_type", "type", "rope_theta"}
+
+
+@dataclass
+class ModelConfig:
+    """Architecture hyper-parameters of one Llama-family checkpoint."""
+
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict[str, Any] | None = None
+    max_position_embeddings: int = 2048
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    torch_dtype: str = "float32"
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+    quantization_config: dict[str, Any] | None = None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """The config's eos id(s) as a tuple (empty when unset)."""
+        eos = self.eos_token_id
+        if eos is None:
+            return ()
+        return tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
+
+    @property
+    def rope_type(self) -> str:
+        return (self.rope_scaling or {}).get("rope_type", "default")
+
+    @classmethod
+    def from_dict(cls, cfg: dict[str, Any]) -> ModelConfig:
+        """Build from a parsed config.json (either transformers major version's keys)."""
+        archs = cfg.get("architectures") or []
+        arch = archs[0] if archs else _arch_from_model_type(cfg.get("model_type"))
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise ValueError(
+                f"architecture {arch!r} is not supported; supported: "
+                f"{', '.join(SUPPORTED_ARCHITECTURES)}"
+            )
+        num_heads = int(cfg["num_attention_heads"])
+        hidden = int(cfg["hidden_size"])
+        head_dim = cfg.get("head_dim") or hidden // num_heads
+        rope_theta, rope_scaling = _rope_fields(cfg)
+        is_qwen2 = arch == "Qwen2ForCausalLM"
+        attention_bias = bool(cfg.get("attention_bias", False))
+        return cls(
+            architecture=arch,
+            vocab_size=int(cfg["vocab_size"]),
+            hidden_size=hidden,
+            intermediate_size=int(cfg["intermediate_size"]),
+            num_layers=int(cfg["num_hidden_layers"]),
+            num_heads=num_heads,
+            num_kv_heads=int(cfg.get("num_key_value_heads") or num_heads),
+            head_dim=int(head_dim),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rope_theta=rope_theta,
+            rope_scaling=rope_scaling,
+            max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            qkv_bias=True if is_qwen2 else attention_bias,
+            o_bias=False if is_qwen2 else attention_bias,
+            mlp_bias=False if is_qwen2 else bool(cfg.get("mlp_bias", False)),
+            torch_dtype=str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32"),
+            bos_token_id=cfg.get("bos_token_id"),
+            eos_token_id=cfg.get("eos_token_id"),
+            quantization_config=cfg.get("quantization_config"),
+            raw=dict(cfg),
+        )
+
+    @classmethod
+    def from_pretrained(cls, folder: str | Path) -> ModelConfig:
+        """Read `folder/config.json`."""
+        with open(Path(folder) / "config.json", encoding="utf-8") as f:
+            return cls.from_dict(json.load(f))
+
+
+def _arch_from_model_type(model_type: str | None) -> str:
+    names = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+             "qwen2": "Qwen2ForCausalLM"}
+    return names.get(model_type or "", f"<model_type {model_type!r}>")
+
+
+def _rope_fields(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
+    """(rope_theta, normalized rope_scaling or None) from either config style.
+
+    The normalized dict always has "rope_type" (never the legacy "type") and no rope_theta;
+    a "default" rope gives None.
+    """
+    params = cfg.get("rope_parameters")
+    if isinstance(params, dict) and "rope_theta" not in params and "rope_type" not in params:
+        params = None  # a per-layer-type dict (not used by this family)
+    theta = cfg.get("rope_theta")
+    if params and params.get("rope_theta") is not None:
+        theta = params["rope_theta"]
+    scaling = cfg.get("rope_scaling") or params or None
+    if theta is None:
+        theta = 10000.0
+    if not scaling:
+        return float(theta), None
+    out = {k: v for k, v in scaling.items() if k not in _ROPE_NON_SCALING}
+    rope_type = scaling.get("rope_type") or scaling.get("type") or "default"
+    if rope_type == "default":
+        return float(theta), None
+    out["rope_type"] = rope_type
+    return float(theta), out

@@ -1,0 +1,197 @@
+"""The Llama family (Llama 2/3, Mistral, Qwen2, SmolLM2) over a flat, unpadded token batch
+with a paged KV cache.
+
+Module and parameter names follow HF's (`model.layers.N.self_attn.q_proj`, `lm_head`, ...) so
+checkpoints load by name and the quant room can swap `nn.Linear`s for quantized ones by name.
+Sliding-window attention (Mistral v0.1, Qwen2 with use_sliding_window) is not applied.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from localpaged.kernels import (
+    AttentionMetadata,
+    apply_rotary,
+    paged_attention,
+    rms_norm,
+    silu_and_mul,
+    write_kv,
+)
+from localpaged.model.config import ModelConfig
+from localpaged.model.rope import build_cos_sin
+
+KVCache = tuple[torch.Tensor, torch.Tensor]
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm whose forward fuses the residual add before it (see kernels.rms_norm)."""
+
+    def __init__(self, dim: int, eps: float, dtype: torch.dtype, device: torch.device | str):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim, dtype=dtype, device=device))
+
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return rms_norm(x, self.weight, self.eps, residual)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device | str):
+        super().__init__()
+        c = config
+        self.num_heads, self.num_kv_heads, self.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
+        self.scale = c.head_dim**-0.5
+        kw = dict(dtype=dtype, device=device)
+        self.q_proj = nn.Linear(c.hidden_size, c.num_heads * c.head_dim, bias=c.qkv_bias, **kw)
+        self.k_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=c.qkv_bias, **kw)
+        self.v_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=c.qkv_bias, **kw)
+        self.o_proj = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=c.o_bias, **kw)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        cos_sin: torch.Tensor,
+        kv_cache: KVCache,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        t = x.shape[0]
+        q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        q, k = apply_rotary(q, k, positions, cos_sin)
+        k_cache, v_cache = kv_cache
+        write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        out = paged_attention(q, k_cache, v_cache, meta, self.scale)
+        return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device | str):
+        super().__init__()
+        c, kw = config, dict(dtype=dtype, device=device)
+        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=c.mlp_bias, **kw)
+        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=c.mlp_bias, **kw)
+        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=c.mlp_bias, **kw)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(silu_and_mul(torch.cat((self.gate_proj(x), self.up_proj(x)), -1)))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device | str):
+        super().__init__()
+        eps = config.rms_norm_eps
+        self.input_layernorm = RMSNorm(config.hidden_size, eps, dtype, device)
+        self.self_attn = Attention(config, dtype, device)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, dtype, device)
+        self.mlp = MLP(config, dtype, device)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        positions: torch.Tensor,
+        cos_sin: torch.Tensor,
+        kv_cache: KVCache,
+        meta: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        h, residual = self.input_layernorm(x, residual)
+        h = self.self_attn(h, positions, cos_sin, kv_cache, meta)
+        h, residual = self.post_attention_layernorm(h, residual)
+        return self.mlp(h), residual
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device | str):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(
+            config.vocab_size, config.hidden_size, dtype=dtype, device=device
+        )
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, dtype, device) for _ in range(config.num_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
+
+
+class LlamaForCausalLM(nn.Module):
+    """forward(input_ids [T], positions [T], kv_caches, meta) -> hidden [T, hidden];
+    compute_logits(hidden [N, hidden]) -> float32 [N, vocab]."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ):
+        super().__init__()
+        self.config = config
+        self.dtype = dtype
+        self.model = LlamaModel(config, dtype, device)
+        self.lm_head = nn.Linear(
+            config.hidden_size, config.vocab_size, bias=False, dtype=dtype, device=device
+        )
+        self.tie_weights()
+        rope_device = "cpu" if torch.device(device).type == "meta" else device
+        self.register_buffer("cos_sin", build_cos_sin(config, rope_device), persistent=False)
+
+    def tie_weights(self) -> None:
+        """Share lm_head's weight with the embedding when the config ties them."""
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def materialize(self, device: torch.device | str) -> LlamaForCausalLM:
+        """Give a model built on the meta device real (uninitialized) storage on `device`."""
+        self.to_empty(device=device)
+        self.tie_weights()
+        self.cos_sin = build_cos_sin(self.config, device)
+        return self
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[KVCache],
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        h = self.model.embed_tokens(input_ids)
+        residual = None
+        for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
+            h, residual = layer(h, residual, positions, self.cos_sin, kv_cache, meta)
+        h, _ = self.model.norm(h, residual)
+        return h
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """float32 logits of the rows the engine samples."""
+        return self.lm_head(hidden).float()
+
+    def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, int, int, int]:
+        """Shape of one layer's K (or V) cache."""
+        return (num_blocks, block_size, self.config.num_kv_heads, self.config.head_dim)
+
+    def kv_cache_bytes_per_block(self, block_size: int, dtype: torch.dtype | None = None) -> int:
+        """Bytes one block takes over all layers, K and V."""
+        c, dt = self.config, dtype or self.dtype
+        per_layer = 2 * block_size * c.num_kv_heads * c.head_dim * dt.itemsize
+        return per_layer * c.num_layers
+
+    def allocate_kv_caches(
+        self,
+        num_blocks: int,
+        block_size: int,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+    ) -> list[KVCache]:
+        """Zeroed (K, V) caches for every layer, in the model's dtype and device by default."""
+        shape = self.kv_cache_shape(num_blocks, block_size)
+        kw = dict(dtype=dtype or self.dtype, device=device or self.cos_sin.device)
+        return [
+            (torch.zeros(shape, **kw), torch.zeros(shape, **kw))
+            for _ in range(self.config.num_layers)
+        ]

@@ -1,0 +1,132 @@
+"""Load HF checkpoints (config.json + safetensors, single file or sharded) into our model.
+
+`build_model` is source-agnostic: any iterable of HF-named tensors (safetensors here, the
+GGUF reader elsewhere) fills the module, tensor by tensor.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from localpaged.model.config import ModelConfig
+from localpaged.model.llama import LlamaForCausalLM
+
+_DTYPES = {
+    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
+    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+}
+
+# Checkpoint tensors that carry nothing we need.
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """torch dtype from a name like "bf16" / "float16" / "torch.float32"."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    name = dtype.removeprefix("torch.").lower()
+    if name not in _DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; expected one of {', '.join(_DTYPES)}")
+    return _DTYPES[name]
+
+
+def resolve_dtype(
+    dtype: str | torch.dtype, config: ModelConfig, device: torch.device | str
+) -> torch.dtype:
+    """ "auto": the checkpoint's dtype on CUDA; on the CPU float32 for fp32 checkpoints and
+    bfloat16 for 16-bit ones. Anything else: that dtype."""
+    if dtype != "auto":
+        return parse_dtype(dtype)
+    ckpt = parse_dtype(config.torch_dtype) if config.torch_dtype in _DTYPES else torch.float32
+    if torch.device(device).type == "cuda":
+        return ckpt
+    return torch.float32 if ckpt == torch.float32 else torch.bfloat16
+
+
+def create_model(config: ModelConfig, dtype: torch.dtype) -> LlamaForCausalLM:
+    """The module tree for `config`, on the meta device (no storage yet).
+
+    The one place that decides dense vs quantized layers: the quant room replaces the
+    branch below.
+    """
+    if config.quantization_config is not None:
+        method = config.quantization_config.get("quant_method", "unknown")
+        raise ValueError(
+            f"AWQ/GPTQ checkpoints are not supported yet (quant_method={method!r})"
+        )
+    return LlamaForCausalLM(config, dtype, device="meta")
+
+
+def build_model(
+    config: ModelConfig,
+    weights: Iterable[tuple[str, torch.Tensor]],
+    dtype: torch.dtype | str = torch.float32,
+    device: torch.device | str = "cpu",
+) -> LlamaForCausalLM:
+    """A model whose parameters are filled from HF-named tensors, each checked for shape."""
+    dtype = parse_dtype(dtype)
+    model = create_model(config, dtype).materialize(device)
+    params = dict(model.named_parameters())  # tied lm_head appears once, as embed_tokens
+    loaded: set[str] = set()
+    for name, tensor in weights:
+        if name.endswith(_IGNORED_SUFFIXES):
+            continue
+        if name == "lm_head.weight" and config.tie_word_embeddings:
+            continue
+        param = params.get(name)
+        if param is None:
+            raise ValueError(f"unexpected tensor {name!r} (shape {tuple(tensor.shape)}) "
+                             f"for {config.architecture}")
+        if tuple(param.shape) != tuple(tensor.shape):
+            raise ValueError(f"tensor {name!r}: expected shape {tuple(param.shape)}, "
+                             f"found {tuple(tensor.shape)}")
+        with torch.no_grad():
+            param.copy_(tensor)
+        loaded.add(name)
+    missing = [n for n in params if n not in loaded]
+    if missing:
+        n = missing[0]
+        raise ValueError(f"tensor {n!r} is missing: expected shape {tuple(params[n].shape)}, "
+                         f"found none ({len(missing)} missing in all)")
+    return model.eval()
+
+
+def safetensors_files(folder: Path) -> list[Path]:
+    """The checkpoint's safetensors files: the index's shards, or model.safetensors."""
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        with open(index, encoding="utf-8") as f:
+            shards = sorted(set(json.load(f)["weight_map"].values()))
+        return [folder / s for s in shards]
+    single = folder / "model.safetensors"
+    if single.exists():
+        return [single]
+    found = sorted(folder.glob("*.safetensors"))
+    if not found:
+        raise FileNotFoundError(f"no safetensors weights in {folder}")
+    return found
+
+
+def iter_safetensors(files: Iterable[Path]) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) pairs, read one tensor at a time."""
+    for path in files:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
+                yield name, f.get_tensor(name)
+
+
+def load_model(
+    path: str | Path, dtype: str | torch.dtype = "auto", device: torch.device | str = "cpu"
+) -> tuple[LlamaForCausalLM, ModelConfig]:
+    """Load an HF folder: config.json + model.safetensors or sharded safetensors."""
+    folder = Path(path)
+    config = ModelConfig.from_pretrained(folder)
+    torch_dtype = resolve_dtype(dtype, config, device)
+    weights = iter_safetensors(safetensors_files(folder))  # lazy: read inside build_model
+    return build_model(config, weights, torch_dtype, device), config
