@@ -1,0 +1,209 @@
+"""KV cache bookkeeping: the block pool and the per-request cache manager. No torch here.
+
+The tensors live in the runner; this module only decides which block ids hold which tokens.
+A *full* block gets a content hash chained to its parent's: `hash(parent, tokens, extra)`.
+A freed block keeps its hash and stays findable in the prefix cache until it is reused for
+something else (LRU: the block freed longest ago is taken first), so a new request whose
+leading blocks hash the same takes them without recomputing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from localpaged.engine.request import Request
+
+BlockHash = bytes
+
+
+def hash_block(parent: BlockHash | None, token_ids: Sequence[int], extra: bytes = b"") -> BlockHash:
+    """Content hash of one full block, chained to its parent block's hash.
+
+    A cryptographic hash, so that crafted prompts cannot collide with another chat's blocks."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(parent or b"root")
+    h.update(array("q", token_ids).tobytes())
+    h.update(extra)
+    return h.digest()
+
+
+@dataclass
+class KVBlock:
+    block_id: int
+    ref_cnt: int = 0
+    block_hash: BlockHash | None = None
+
+
+class BlockPool:
+    """Fixed set of blocks: ref counts, a free queue in LRU order, and the hash -> block map."""
+
+    def __init__(self, num_blocks: int, enable_caching: bool = True) -> None:
+        if num_blocks < 1:
+            raise ValueError(f"num_blocks={num_blocks} is invalid: expected >= 1")
+        self.blocks = [KVBlock(i) for i in range(num_blocks)]
+        self.enable_caching = enable_caching
+        # Free blocks, least recently freed first. Values unused; OrderedDict gives O(1) removal.
+        self.free_queue: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        self.cached: dict[BlockHash, KVBlock] = {}
+        self.num_evictions = 0
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_queue)
+
+    def get_cached_block(self, block_hash: BlockHash) -> KVBlock | None:
+        return self.cached.get(block_hash) if self.enable_caching else None
+
+    def take_new_blocks(self, n: int) -> list[KVBlock]:
+        """Pop n free blocks (evicting their cached content) with ref count 1."""
+        if n > len(self.free_queue):
+            raise ValueError(f"asked for {n} blocks, {len(self.free_queue)} free")
+        out = []
+        for _ in range(n):
+            block_id, _ = self.free_queue.popitem(last=False)
+            block = self.blocks[block_id]
+            if block.block_hash is not None:
+                if self.cached.get(block.block_hash) is block:
+                    del self.cached[block.block_hash]
+                block.block_hash = None
+                self.num_evictions += 1
+            block.ref_cnt = 1
+            out.append(block)
+        return out
+
+    def touch(self, blocks: Sequence[KVBlock]) -> None:
+        """Take a reference on prefix-cache hits (reviving them from the free queue)."""
+        for block in blocks:
+            if block.ref_cnt == 0:
+                del self.free_queue[block.block_id]
+            block.ref_cnt += 1
+
+    def free(self, blocks: Sequence[KVBlock]) -> None:
+        """Drop a reference on each block; blocks reaching 0 join the free queue's tail.
+
+        Callers pass a request's blocks tail first, so a chain's last blocks are evicted
+        before its first ones (the first ones are the most shared)."""
+        for block in blocks:
+            if block.ref_cnt <= 0:
+                raise RuntimeError(f"block {block.block_id} freed with ref count {block.ref_cnt}")
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                self.free_queue[block.block_id] = None
+
+    def cache_block(self, block: KVBlock, block_hash: BlockHash) -> None:
+        """Register a full block's content hash. A duplicate of an already cached block stays
+        unregistered (it is freed normally); the first copy keeps serving hits."""
+        if not self.enable_caching or block.block_hash is not None:
+            return
+        if block_hash in self.cached:
+            return
+        block.block_hash = block_hash
+        self.cached[block_hash] = block
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached hash (e.g. after loading another model)."""
+        for block in self.blocks:
+            block.block_hash = None
+        self.cached.clear()
+
+
+@dataclass
+class CacheStats:
+    queries: int = 0  # prompt tokens looked up
+    hits: int = 0  # prompt tokens found cached
+
+
+class KVCacheManager:
+    """Per-request block tables on top of a BlockPool, with prefix-cache lookups."""
+
+    def __init__(self, num_blocks: int, block_size: int = 16, enable_prefix_caching: bool = True) -> None:
+        if block_size < 1:
+            raise ValueError(f"block_size={block_size} is invalid: expected >= 1")
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.pool = BlockPool(num_blocks, enable_prefix_caching)
+        self.req_blocks: dict[str, list[KVBlock]] = {}
+        self.num_hashed_blocks: dict[str, int] = {}  # leading blocks already registered
+        self.stats = CacheStats()
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free_blocks
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.pool.num_blocks - self.pool.num_free_blocks
+
+    def block_ids(self, request_id: str) -> list[int]:
+        return [b.block_id for b in self.req_blocks.get(request_id, ())]
+
+    def _update_hashes(self, request: Request, num_tokens: int) -> None:
+        """Extend request.block_hashes to cover every full block of its first num_tokens."""
+        bs = self.block_size
+        tokens = request.all_token_ids
+        while (len(request.block_hashes) + 1) * bs <= num_tokens:
+            i = len(request.block_hashes)
+            parent = request.block_hashes[-1] if i else None
+            request.block_hashes.append(hash_block(parent, tokens[i * bs:(i + 1) * bs]))
+
+    def get_computed_blocks(self, request: Request) -> tuple[list[KVBlock], int]:
+        """Leading blocks of a new request already in the prefix cache, and their token count.
+
+        At least one token is always left to compute: its logits give the next token."""
+        if not self.enable_prefix_caching:
+            return [], 0
+        self._update_hashes(request, request.num_tokens)
+        max_hit_blocks = (request.num_tokens - 1) // self.block_size
+        hits: list[KVBlock] = []
+        for block_hash in request.block_hashes[:max_hit_blocks]:
+            block = self.pool.get_cached_block(block_hash)
+            if block is None:
+                break
+            hits.append(block)
+        self.stats.queries += request.num_tokens
+        self.stats.hits += len(hits) * self.block_size
+        return hits, len(hits) * self.block_size
+
+    def allocate_slots(
+        self, request: Request, num_new_tokens: int, new_computed_blocks: Sequence[KVBlock] = ()
+    ) -> bool:
+        """Give the request blocks for `num_new_tokens` more tokens (after its computed ones and
+        the prefix hits in `new_computed_blocks`). Returns False, changing nothing, if the pool
+        cannot supply them."""
+        blocks = self.req_blocks.setdefault(request.request_id, [])
+        num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
+        total = num_computed + num_new_tokens
+        need = -(-total // self.block_size) - len(blocks) - len(new_computed_blocks)
+        # Hits sitting in the free queue stop being free once touched.
+        reviving = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
+        if need > self.pool.num_free_blocks - reviving:
+            if not blocks:
+                del self.req_blocks[request.request_id]
+            return False
+        self.pool.touch(new_computed_blocks)
+        blocks.extend(new_computed_blocks)
+        if need > 0:
+            blocks.extend(self.pool.take_new_blocks(need))
+        if self.enable_prefix_caching:
+            # Tokens up to `total` are known now (prompt, or the sampled token being fed back),
+            # and their K/V is written this step: their full blocks can serve later requests.
+            self._update_hashes(request, total)
+            done = self.num_hashed_blocks.get(request.request_id, 0)
+            for i in range(done, total // self.block_size):
+                self.pool.cache_block(blocks[i], request.block_hashes[i])
+            self.num_hashed_blocks[request.request_id] = max(done, total // self.block_size)
+        return True
+
+    def free(self, request: Request) -> None:
+        """Release all of a request's blocks (tail first)."""
+        blocks = self.req_blocks.pop(request.request_id, [])
+        self.num_hashed_blocks.pop(request.request_id, None)
+        self.pool.free(list(reversed(blocks)))

@@ -1,0 +1,206 @@
+"""Continuous batching: which requests run each step and how many tokens each. No torch here.
+
+Every step is one flat batch under a token budget: the decodes of running requests (one
+token each) plus prefill chunks of requests still reading their prompt. When the pool runs
+out of blocks the latest-arrived running request is preempted (its blocks freed, recomputed
+later, largely from the prefix cache). Fair share: while several requests prefill, each chunk
+is capped, and waiting requests of sessions with fewer running requests go first, so one long
+prompt or one busy session cannot starve the other chats.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from dataclasses import dataclass, field
+
+from localpaged.engine.kv_cache import KVCacheManager
+from localpaged.engine.request import Request, RequestStatus
+
+
+@dataclass
+class SchedulerConfig:
+    max_num_batched_tokens: int = 512
+    max_num_seqs: int = 64
+    max_model_len: int = 2048
+    # Cap on one request's prefill chunk while others share the step (fair share).
+    long_prefill_token_threshold: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_batched_tokens", "max_num_seqs", "max_model_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} is invalid: expected >= 1")
+        if self.long_prefill_token_threshold is None:
+            self.long_prefill_token_threshold = max(1, self.max_num_batched_tokens // 4)
+
+
+@dataclass
+class ScheduledRequest:
+    request: Request
+    num_new_tokens: int
+
+    @property
+    def samples(self) -> bool:
+        """True when this step's chunk reaches the request's last known token."""
+        r = self.request
+        return r.num_computed_tokens + self.num_new_tokens == r.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+class Scheduler:
+    """Owns the waiting queue and running list; the engine drives it step by step."""
+
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager) -> None:
+        self.config = config
+        self.kv = kv
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self.num_preemptions = 0
+        self.num_prompt_tokens_computed = 0
+        self.num_generated_tokens = 0
+
+    # -- queue management ----------------------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise ValueError(f"request_id={request.request_id!r} is already in use")
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def finish_request(self, request_id: str, status: RequestStatus) -> Request | None:
+        """End a request (abort, stop string ...), freeing its blocks now."""
+        request = self.requests.pop(request_id, None)
+        if request is None:
+            return None
+        if request in self.running:
+            self.running.remove(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        request.status = status
+        self.kv.free(request)
+        return request
+
+    # -- one step ------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        """Pick this step's batch. Never exceeds the token budget or max_num_seqs."""
+        out = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens
+        n_prefilling = sum(1 for r in self.running if r.num_tokens - r.num_computed_tokens > 1)
+        n_prefilling += len(self.waiting)
+        chunk_cap = budget if n_prefilling <= 1 else self.config.long_prefill_token_threshold
+
+        i = 0
+        while i < len(self.running) and budget > 0:
+            request = self.running[i]
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget, chunk_cap)
+            while not self.kv.allocate_slots(request, num_new):
+                victim = self.running.pop()  # latest admitted first
+                self._preempt(victim)
+                out.preempted.append(victim)
+                if victim is request:
+                    break
+            else:
+                out.scheduled.append(ScheduledRequest(request, num_new))
+                budget -= num_new
+                i += 1
+                continue
+            break  # the request itself was preempted: nothing after it is left running
+
+        if not out.preempted:
+            self._admit_waiting(out, budget, chunk_cap)
+        return out
+
+    def _admit_waiting(self, out: SchedulerOutput, budget: int, chunk_cap: int) -> None:
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            request = self._next_waiting()
+            computed: list = []
+            num_cached = 0
+            if request.num_computed_tokens == 0:
+                computed, num_cached = self.kv.get_computed_blocks(request)
+            remaining = request.num_tokens - request.num_computed_tokens - num_cached
+            num_new = min(remaining, budget, chunk_cap)
+            if not self.kv.allocate_slots(request, num_new, computed):
+                # Put it back at the front; the pool frees up as running requests finish.
+                self.waiting.appendleft(request)
+                break
+            if request.status == RequestStatus.WAITING:
+                request.num_cached_tokens = num_cached
+            request.num_computed_tokens += num_cached
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            out.scheduled.append(ScheduledRequest(request, num_new))
+            budget -= num_new
+
+    def _next_waiting(self) -> Request:
+        """The waiting request whose session has the fewest running requests (then oldest)."""
+        if len(self.waiting) == 1:
+            return self.waiting.popleft()
+        busy = Counter(r.session_id for r in self.running)
+        best = min(self.waiting, key=lambda r: (r.status != RequestStatus.PREEMPTED,
+                                                 busy[r.session_id], r.arrival))
+        self.waiting.remove(best)
+        return best
+
+    def _preempt(self, request: Request) -> None:
+        self.kv.free(request)
+        request.num_computed_tokens = 0
+        request.status = RequestStatus.PREEMPTED
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(request)
+
+    def update_from_output(
+        self, out: SchedulerOutput, sampled: dict[str, int]
+    ) -> list[Request]:
+        """Advance the scheduled requests by their chunks, append sampled tokens, and finish
+        those that hit EOS, a stop token, max_tokens or the context length. Returns the
+        requests finished this step (their blocks already freed)."""
+        finished = []
+        for s in out.scheduled:
+            request = s.request
+            if request.is_finished:
+                continue
+            if request.num_computed_tokens < request.num_prompt_tokens:
+                prompt_part = min(s.num_new_tokens,
+                                  request.num_prompt_tokens - request.num_computed_tokens)
+                self.num_prompt_tokens_computed += prompt_part
+            request.num_computed_tokens += s.num_new_tokens
+            token = sampled.get(request.request_id)
+            if token is None:
+                continue
+            request.append_output_token(token)
+            self.num_generated_tokens += 1
+            status = self._stop_status(request, token)
+            if status is not None:
+                self.finish_request(request.request_id, status)
+                finished.append(request)
+        return finished
+
+    def _stop_status(self, request: Request, token: int) -> RequestStatus | None:
+        p = request.params
+        if not p.ignore_eos and token in request.eos_token_ids:
+            request.stop_reason = token
+            return RequestStatus.FINISHED_STOPPED
+        if token in p.stop_token_ids:
+            request.stop_reason = token
+            return RequestStatus.FINISHED_STOPPED
+        if request.num_output_tokens >= p.max_tokens:
+            return RequestStatus.FINISHED_LENGTH
+        if request.num_tokens >= self.config.max_model_len:
+            return RequestStatus.FINISHED_LENGTH
+        return None
