@@ -63,7 +63,7 @@ def test_lru_evicts_least_recently_freed_and_tail_blocks_first() -> None:
     kv.free(b)
     # Taking one block evicts a's tail; a's head block (the shared prefix) is still cached.
     kv.pool.take_new_blocks(1)
-    head_hit, n = kv.get_computed_blocks(req("a2", [1, 2, 3, 4, 9]))
+    _hits, n = kv.get_computed_blocks(req("a2", [1, 2, 3, 4, 9]))
     assert n == 2
     tail_hash = hash_block(hash_block(None, [1, 2]), [3, 4])
     assert kv.pool.get_cached_block(tail_hash) is None

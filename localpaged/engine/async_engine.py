@@ -1,0 +1,202 @@
+"""AsyncEngine: the engine loop on a background thread, with one asyncio stream per request.
+
+Callers on the event loop submit requests and aborts through a thread-safe inbox; the engine
+thread applies them between steps (so an abort frees its blocks before the next step) and
+hands each step's text deltas back to the requests' asyncio queues.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import uuid
+from collections import deque
+from typing import Any
+
+from localpaged.engine.client import EngineStats, Message, ModelInfo, Prompt, StreamDelta
+from localpaged.engine.config import EngineArgs
+from localpaged.engine.engine import LLMEngine, StepOutput
+from localpaged.engine.request import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class RequestStream:
+    """Async iterator over one request's StreamDeltas. Closing it early aborts the request."""
+
+    def __init__(self, engine: AsyncEngine, request_id: str) -> None:
+        self.request_id = request_id
+        self._engine = engine
+        self._queue: asyncio.Queue[StreamDelta] = asyncio.Queue()
+        self._loop = asyncio.get_running_loop()
+        self.done = False
+
+    def _put(self, delta: StreamDelta) -> None:  # called from the engine thread
+        self._loop.call_soon_threadsafe(self._queue.put_nowait, delta)
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> StreamDelta:
+        if self.done:
+            raise StopAsyncIteration
+        try:
+            delta = await self._queue.get()
+        except asyncio.CancelledError:
+            self.cancel()
+            raise
+        if delta.finished:
+            self.done = True
+        return delta
+
+    async def aclose(self) -> None:
+        self.cancel()
+
+    def cancel(self) -> None:
+        """Abort the request if it is still running (non-blocking)."""
+        if not self.done:
+            self.done = True
+            self._engine.post_abort(self.request_id)
+
+    def __del__(self) -> None:
+        if not self.done:
+            self._engine.post_abort(self.request_id)
+
+
+class AsyncEngine:
+    """Runs an LLMEngine on a daemon thread; safe to use from any asyncio loop."""
+
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self._inbox: deque[tuple[str, Any]] = deque()
+        self._wake = threading.Event()
+        self._streams: dict[str, RequestStream] = {}
+        self._stats = engine.stats()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="localpaged-engine", daemon=True)
+        self._thread.start()
+
+    # -- caller side ---------------------------------------------------------------------
+    def generate(self, prompt: Prompt, params: SamplingParams, *, request_id: str | None = None,
+                 session_id: str | None = None) -> RequestStream:
+        """Validate (ValueError now, nothing scheduled) and submit; returns the stream."""
+        if self._closed:
+            raise RuntimeError("the engine is closed")
+        prompt_ids = self.engine.encode_prompt(prompt)
+        self.engine.validate(prompt_ids, params)
+        request_id = request_id or f"req-{uuid.uuid4().hex[:12]}"
+        stream = RequestStream(self, request_id)
+        self._post(("add", (prompt_ids, params, request_id, session_id, stream)))
+        return stream
+
+    def post_abort(self, request_id: str) -> None:
+        self._post(("abort", request_id))
+
+    def stats(self) -> EngineStats:
+        return self._stats
+
+    def close(self) -> None:
+        self._closed = True
+        self._post(("close", None))
+        self._thread.join(timeout=10)
+
+    def _post(self, item: tuple[str, Any]) -> None:
+        self._inbox.append(item)
+        self._wake.set()
+
+    # -- engine thread -------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            if not self._drain_inbox():
+                return
+            if not self.engine.has_unfinished_requests():
+                self._stats = self.engine.stats()
+                self._wake.wait()
+                self._wake.clear()
+                continue
+            try:
+                outputs = self.engine.step()
+            except Exception as exc:  # keep serving: fail what was running, not the engine
+                log.exception("engine step failed")
+                self._fail_all(f"engine error: {exc}")
+                continue
+            for out in outputs:
+                self._deliver(out)
+            self._stats = self.engine.stats()
+
+    def _drain_inbox(self) -> bool:
+        while self._inbox:
+            kind, item = self._inbox.popleft()
+            if kind == "close":
+                self._fail_all("the engine was closed", reason="abort")
+                return False
+            if kind == "add":
+                prompt_ids, params, request_id, session_id, stream = item
+                try:
+                    self.engine.add_request(prompt_ids, params, request_id=request_id,
+                                            session_id=session_id)
+                except ValueError as exc:
+                    stream._put(StreamDelta(request_id, finished=True, finish_reason="error",
+                                            error=str(exc)))
+                    continue
+                self._streams[request_id] = stream
+            elif kind == "abort" and self.engine.abort(item):
+                stream = self._streams.pop(item, None)
+                if stream is not None:
+                    stream._put(StreamDelta(item, finished=True, finish_reason="abort"))
+        self._stats = self.engine.stats()
+        return True
+
+    def _deliver(self, out: StepOutput) -> None:
+        stream = self._streams.get(out.request_id)
+        if stream is None:
+            return
+        if out.finished:
+            del self._streams[out.request_id]
+        stream._put(StreamDelta(
+            out.request_id, out.new_text, out.new_token_ids, out.finished, out.finish_reason,
+            out.num_prompt_tokens, out.num_cached_tokens, out.num_output_tokens,
+            out.logprobs or None))
+
+    def _fail_all(self, message: str, reason: str = "error") -> None:
+        for request_id, stream in list(self._streams.items()):
+            self.engine.abort(request_id)
+            stream._put(StreamDelta(request_id, finished=True, finish_reason=reason,
+                                    error=message if reason == "error" else None))
+        self._streams.clear()
+
+
+class LocalClient:
+    """EngineClient over the in-process engine."""
+
+    def __init__(self, engine: LLMEngine) -> None:
+        self.async_engine = AsyncEngine(engine)
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+        self.model_info: ModelInfo = engine.info
+        self.model_name = engine.info.name
+
+    @classmethod
+    def from_model(cls, model: str, **engine_args: Any) -> LocalClient:
+        """Load `model` (catalog name, HF folder or .gguf file) and start the engine."""
+        return cls(LLMEngine.from_args(EngineArgs(model=model, **engine_args)))
+
+    def generate(self, prompt: Prompt, params: SamplingParams, *, request_id: str | None = None,
+                 session_id: str | None = None) -> RequestStream:
+        return self.async_engine.generate(prompt, params, request_id=request_id,
+                                          session_id=session_id)
+
+    def chat(self, messages: list[Message], params: SamplingParams, *,
+             request_id: str | None = None, session_id: str | None = None) -> RequestStream:
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        return self.generate(ids, params, request_id=request_id, session_id=session_id)
+
+    async def abort(self, request_id: str) -> None:
+        self.async_engine.post_abort(request_id)
+
+    def stats(self) -> EngineStats:
+        return self.async_engine.stats()
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self.async_engine.close)

@@ -1,0 +1,56 @@
+"""Engine arguments (names follow vLLM's where they exist)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+_DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclass
+class EngineArgs:
+    """How to load the model and size the engine.
+
+    kv_cache_gb: memory for KV blocks (default 1 GiB on the CPU, 40% of free memory on CUDA);
+    num_kv_blocks overrides it with an exact block count (tests use tiny pools).
+    """
+
+    model: str
+    dtype: str = "auto"
+    device: str | None = None
+    max_num_batched_tokens: int = 512
+    max_num_seqs: int = 64
+    block_size: int = 16
+    kv_cache_gb: float | None = None
+    num_kv_blocks: int | None = None
+    enable_prefix_caching: bool = True
+    max_model_len: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"dtype={self.dtype!r} is invalid: expected one of {', '.join(_DTYPES)}")
+        for name in ("max_num_batched_tokens", "max_num_seqs", "block_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}={value!r} is invalid: expected an integer >= 1")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            raise ValueError(f"num_kv_blocks={self.num_kv_blocks} is invalid: expected >= 1")
+        if self.kv_cache_gb is not None and not self.kv_cache_gb > 0:
+            raise ValueError(f"kv_cache_gb={self.kv_cache_gb} is invalid: expected > 0")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(f"max_model_len={self.max_model_len} is invalid: expected >= 2")
+
+    def resolved_device(self) -> str:
+        if self.device:
+            return self.device
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+    def resolved_kv_cache_gb(self) -> float:
+        if self.kv_cache_gb is not None:
+            return self.kv_cache_gb
+        if self.resolved_device().startswith("cuda"):
+            free, _ = torch.cuda.mem_get_info()
+            return 0.4 * free / 2**30
+        return 1.0

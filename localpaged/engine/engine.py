@@ -1,0 +1,169 @@
+"""LLMEngine: the step loop. add_request / step / abort, on one model.
+
+A step = schedule -> one forward pass over a flat batch -> sample -> update requests ->
+detokenize new tokens and apply stop strings.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from localpaged.engine.client import EngineStats, ModelInfo
+from localpaged.engine.config import EngineArgs
+from localpaged.engine.kv_cache import KVCacheManager
+from localpaged.engine.request import Logprob, Request, RequestStatus, SamplingParams
+from localpaged.engine.runner import ModelRunner, kv_bytes_per_block
+from localpaged.engine.scheduler import Scheduler, SchedulerConfig
+from localpaged.engine.stop import StopChecker
+
+
+@dataclass
+class StepOutput:
+    """What one step produced for one request: new tokens and the new text they make."""
+
+    request_id: str
+    new_token_ids: list[int]
+    new_text: str
+    finished: bool
+    finish_reason: str | None
+    num_prompt_tokens: int
+    num_cached_tokens: int
+    num_output_tokens: int
+    logprobs: list[Logprob] = field(default_factory=list)
+
+
+class LLMEngine:
+    """Continuous batching over one loaded model. Not thread-safe: AsyncEngine drives it
+    from one thread."""
+
+    def __init__(self, model: Any, model_config: Any, tokenizer: Any, args: EngineArgs,
+                 info: ModelInfo | None = None) -> None:
+        self.model = model
+        self.model_config = model_config
+        self.tokenizer = tokenizer
+        self.args = args
+        self.device = torch.device(args.resolved_device())
+        self.dtype = next(model.parameters()).dtype
+        c = model_config
+        per_block = kv_bytes_per_block(c.num_layers, c.num_kv_heads, c.head_dim,
+                                       args.block_size, self.dtype)
+        num_blocks = args.num_kv_blocks or max(1, int(args.resolved_kv_cache_gb() * 2**30 // per_block))
+        self.kv_bytes = num_blocks * per_block
+        max_len = min(c.max_position_embeddings, args.max_model_len or c.max_position_embeddings)
+        max_len = min(max_len, num_blocks * args.block_size)  # a lone request always fits
+        self.max_model_len = max_len
+        self.kv = KVCacheManager(num_blocks, args.block_size, args.enable_prefix_caching)
+        self.scheduler = Scheduler(
+            SchedulerConfig(args.max_num_batched_tokens, args.max_num_seqs, max_len), self.kv)
+        self.runner = ModelRunner(model, c.num_layers, c.num_kv_heads, c.head_dim, num_blocks,
+                                  args.block_size, self.dtype, self.device)
+        self.info = info or ModelInfo(name=str(args.model))
+        self.info.device, self.info.dtype = str(self.device), str(self.dtype).removeprefix("torch.")
+        self.info.context_length = max_len
+        self.stop_checkers: dict[str, StopChecker] = {}
+        self.steps = 0
+        self._ids = itertools.count()
+
+    @classmethod
+    def from_args(cls, args: EngineArgs) -> LLMEngine:
+        """Load the model named by args.model (catalog name, HF folder or .gguf file)."""
+        from localpaged.engine.loading import load_model_parts
+
+        model, config, tokenizer, info = load_model_parts(args)
+        return cls(model, config, tokenizer, args, info)
+
+    # -- requests ------------------------------------------------------------------------
+    def encode_prompt(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("this model has no tokenizer: give the prompt as token ids")
+            return self.tokenizer.encode(prompt, add_special_tokens=True)
+        return list(prompt)
+
+    def validate(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        """Raise ValueError naming the problem; nothing is scheduled."""
+        params.validate()
+        if not prompt_ids:
+            raise ValueError("prompt is empty: give at least one token")
+        vocab = self.model_config.vocab_size
+        bad = next((t for t in prompt_ids if not (isinstance(t, int) and 0 <= t < vocab)), None)
+        if bad is not None:
+            raise ValueError(f"prompt token id {bad!r} is out of range [0, {vocab})")
+        if len(prompt_ids) >= self.max_model_len:
+            raise ValueError(
+                f"prompt is too long: {len(prompt_ids)} tokens, the context is "
+                f"{self.max_model_len} tokens (prompt + answer must fit)")
+
+    def add_request(self, prompt: str | list[int], params: SamplingParams | None = None, *,
+                    request_id: str | None = None, session_id: str | None = None) -> Request:
+        """Validate and queue a request. Returns it (its id is request.request_id)."""
+        params = params or SamplingParams()
+        prompt_ids = self.encode_prompt(prompt)
+        self.validate(prompt_ids, params)
+        request_id = request_id or f"req-{next(self._ids)}"
+        eos = tuple(self.tokenizer.eos_token_ids if self.tokenizer else
+                    self.model_config.eos_token_ids or ())
+        request = Request(request_id, prompt_ids, params, eos, session_id)
+        self.scheduler.add_request(request)
+        self.stop_checkers[request_id] = StopChecker(self.tokenizer, params.stop)
+        return request
+
+    def abort(self, request_id: str) -> bool:
+        """Finish a request now and free its blocks. False if it was not running."""
+        request = self.scheduler.finish_request(request_id, RequestStatus.FINISHED_ABORTED)
+        self._forget(request_id)
+        return request is not None
+
+    def _forget(self, request_id: str) -> None:
+        self.stop_checkers.pop(request_id, None)
+        self.runner.release(request_id)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    # -- the step ------------------------------------------------------------------------
+    def step(self) -> list[StepOutput]:
+        """Run one batch. Returns an output for every request that got a token or finished."""
+        sched = self.scheduler.schedule()
+        if sched.is_empty:
+            return []
+        self.steps += 1
+        sampled, logprobs = self.runner.execute(sched, self.kv)
+        finished = {r.request_id for r in self.scheduler.update_from_output(sched, sampled)}
+        outputs = []
+        for s in sched.scheduled:
+            r = s.request
+            rid = r.request_id
+            if rid not in sampled:
+                continue
+            checker = self.stop_checkers[rid]
+            text, hit = checker.add(sampled[rid], final=rid in finished)
+            if hit is not None and rid not in finished:
+                # A stop string ended the answer.
+                self.scheduler.finish_request(rid, RequestStatus.FINISHED_STOPPED)
+                r.stop_reason = hit
+                finished.add(rid)
+                text += checker.flush()
+            out = StepOutput(rid, [sampled[rid]], text, rid in finished,
+                             r.status.value if rid in finished else None, r.num_prompt_tokens,
+                             r.num_cached_tokens, r.num_output_tokens,
+                             [logprobs[rid]] if rid in logprobs else [])
+            outputs.append(out)
+            if rid in finished:
+                self._forget(rid)
+        return outputs
+
+    def stats(self) -> EngineStats:
+        sch, kv = self.scheduler, self.kv
+        return EngineStats(
+            model=self.info.name, device=str(self.device), num_running=len(sch.running),
+            num_waiting=len(sch.waiting), kv_blocks_used=kv.num_used_blocks,
+            kv_blocks_total=kv.pool.num_blocks, block_size=kv.block_size,
+            prefix_cache_queries=kv.stats.queries, prefix_cache_hits=kv.stats.hits,
+            prompt_tokens_total=sch.num_prompt_tokens_computed,
+            generation_tokens_total=sch.num_generated_tokens, num_preemptions=sch.num_preemptions,
+            steps=self.steps, max_model_len=self.max_model_len)

@@ -1,0 +1,58 @@
+"""Find and load a model for the engine: catalog names, HF folders and .gguf files."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from localpaged.engine.client import ModelInfo
+from localpaged.engine.config import EngineArgs
+
+
+def _resolve(name: str) -> tuple[Path, str, Any]:
+    """(path, display name, store entry or None) for a catalog name or a local path."""
+    path = Path(name).expanduser()
+    if path.exists():
+        return path, path.name if path.is_dir() else path.stem, None
+    from localpaged import store
+
+    resolved = store.resolve(name, pull=True)
+    return Path(resolved.path), resolved.name, resolved
+
+
+def load_model_parts(args: EngineArgs) -> tuple[Any, Any, Any, ModelInfo]:
+    """(model module, ModelConfig, Tokenizer, ModelInfo) for args.model."""
+    from localpaged.model.loader import load_model
+
+    path, name, entry = _resolve(args.model)
+    device = args.resolved_device()
+    print(f"localpaged: loading {name} on {device} ...", file=sys.stderr, flush=True)
+    model, config = load_model(path, dtype=args.dtype, device=device)
+    if path.suffix == ".gguf":
+        from localpaged.model.gguf_loader import tokenizer_from_gguf
+
+        tokenizer = tokenizer_from_gguf(path)
+        fmt = "gguf"
+    elif any((path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
+        from localpaged.model.tokenizer import Tokenizer
+
+        tokenizer = Tokenizer.from_pretrained(path)
+        fmt = "safetensors"
+    else:  # weights only (e.g. a test model): prompts must be token ids
+        print(f"localpaged: {path} has no tokenizer; prompts must be token ids",
+              file=sys.stderr)
+        tokenizer = None
+        fmt = "safetensors"
+    if entry is not None and getattr(entry, "chat_template_override", None):
+        tokenizer.chat_template = entry.chat_template_override
+    n_params = sum(p.numel() for p in model.parameters())
+    size = path.stat().st_size if path.is_file() else sum(
+        f.stat().st_size for f in path.glob("*.safetensors"))
+    info = ModelInfo(
+        name=name, architecture=config.architecture.removesuffix("ForCausalLM").lower(),
+        family=config.architecture.removesuffix("ForCausalLM").lower(),
+        format=getattr(entry, "format", fmt) if entry is not None else fmt,
+        parameter_count=n_params, context_length=config.max_position_embeddings,
+        chat_template=tokenizer.chat_template if tokenizer else None, size_bytes=size)
+    return model, config, tokenizer, info

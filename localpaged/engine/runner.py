@@ -1,0 +1,102 @@
+"""One step on the model: flatten the scheduled chunks into a batch, run the forward pass,
+sample. Owns the KV cache tensors (the block pool only hands out their indices)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from localpaged.engine.kv_cache import KVCacheManager
+from localpaged.engine.request import Logprob
+from localpaged.engine.sampler import SamplingRow, make_generator, sample
+from localpaged.engine.scheduler import SchedulerOutput
+from localpaged.kernels import AttentionMetadata
+
+
+def kv_bytes_per_block(num_layers: int, num_kv_heads: int, head_dim: int, block_size: int,
+                       dtype: torch.dtype) -> int:
+    """Memory of one block across all layers, K and V."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    return 2 * num_layers * block_size * num_kv_heads * head_dim * elem
+
+
+class ModelRunner:
+    """Runs `model` (see localpaged.model.llama) over flat batches."""
+
+    def __init__(self, model: Any, num_layers: int, num_kv_heads: int, head_dim: int,
+                 num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device) -> None:
+        self.model = model
+        self.block_size = block_size
+        self.device = device
+        shape = (num_blocks, block_size, num_kv_heads, head_dim)
+        self.kv_caches = [
+            (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+            for _ in range(num_layers)
+        ]
+        self.generators: dict[str, torch.Generator] = {}
+
+    def release(self, request_id: str) -> None:
+        self.generators.pop(request_id, None)
+
+    def _generator(self, request_id: str, seed: int | None) -> torch.Generator:
+        g = self.generators.get(request_id)
+        if g is None:
+            g = self.generators[request_id] = make_generator(seed)
+        return g
+
+    @torch.inference_mode()
+    def execute(self, out: SchedulerOutput, kv: KVCacheManager
+                ) -> tuple[dict[str, int], dict[str, Logprob]]:
+        """Compute the scheduled chunks; sample for the requests whose chunk ends at their last
+        token. Returns {request_id: token} and {request_id: logprob} for those."""
+        bs = self.block_size
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        query_start = [0]
+        seq_lens: list[int] = []
+        tables: list[list[int]] = []
+        sample_rows: list[int] = []
+        samplers = []
+        for s in out.scheduled:
+            r = s.request
+            start, end = r.num_computed_tokens, r.num_computed_tokens + s.num_new_tokens
+            blocks = kv.block_ids(r.request_id)
+            input_ids.extend(r.all_token_ids[start:end])
+            positions.extend(range(start, end))
+            slots.extend(blocks[p // bs] * bs + p % bs for p in range(start, end))
+            query_start.append(query_start[-1] + s.num_new_tokens)
+            seq_lens.append(end)
+            tables.append(blocks)
+            if s.samples:
+                sample_rows.append(query_start[-1] - 1)
+                samplers.append(s.request)
+        width = max(len(t) for t in tables)
+        dev = self.device
+        meta = AttentionMetadata(
+            slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
+            block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables],
+                                      dtype=torch.int32, device=dev),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
+            query_start_loc=torch.tensor(query_start, dtype=torch.int32, device=dev),
+            max_query_len=max(s.num_new_tokens for s in out.scheduled),
+            max_seq_len=max(seq_lens),
+        )
+        hidden = self.model(
+            torch.tensor(input_ids, dtype=torch.long, device=dev),
+            torch.tensor(positions, dtype=torch.long, device=dev),
+            self.kv_caches,
+            meta,
+        )
+        if not sample_rows:
+            return {}, {}
+        logits = self.model.compute_logits(hidden[torch.tensor(sample_rows, device=dev)]).float().cpu()
+        rows = [
+            SamplingRow(r.params, r.prompt_token_ids, r.output_token_ids,
+                        None if r.params.greedy else self._generator(r.request_id, r.params.seed))
+            for r in samplers
+        ]
+        tokens, logprobs = sample(logits, rows)
+        ids = [r.request_id for r in samplers]
+        return dict(zip(ids, tokens)), (dict(zip(ids, logprobs)) if logprobs else {})

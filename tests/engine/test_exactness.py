@@ -1,0 +1,114 @@
+"""The engine against transformers (fp32, CPU): greedy tokens and logprobs equal to HF's,
+through chunked prefill, prefix-cache hits and preemption."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from localpaged import LLM, SamplingParams
+
+MAX_NEW = 10
+
+
+def prompts(n: int = 8, vocab: int = 512) -> list[list[int]]:
+    g = torch.Generator().manual_seed(1)
+    lengths = [1, 5, 15, 16, 17, 33, 48, 70][:n]
+    return [torch.randint(3, vocab, (k,), generator=g).tolist() for k in lengths]
+
+
+def hf_greedy(folder: Path, batch: list[list[int]]) -> tuple[list[list[int]], list[list[float]]]:
+    """transformers.generate, one prompt at a time: tokens and the logprob of each."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    tokens, logprobs = [], []
+    for p in batch:
+        out = model.generate(torch.tensor([p]), do_sample=False, max_new_tokens=MAX_NEW,
+                             min_new_tokens=MAX_NEW, output_scores=True,
+                             return_dict_in_generate=True)
+        new = out.sequences[0, len(p):].tolist()
+        tokens.append(new)
+        logprobs.append([torch.log_softmax(s[0].float(), -1)[t].item()
+                         for s, t in zip(out.scores, new)])
+    return tokens, logprobs
+
+
+@pytest.fixture(scope="module", params=["tiny_llama", "tiny_qwen2"])
+def model_and_reference(request: pytest.FixtureRequest) -> tuple[Path, list, list, list]:
+    folder = request.getfixturevalue(request.param)
+    batch = prompts()
+    ref_tokens, ref_logprobs = hf_greedy(folder, batch)
+    return folder, batch, ref_tokens, ref_logprobs
+
+
+GREEDY = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True, logprobs=1)
+
+
+def check(outs: list, ref_tokens: list, ref_logprobs: list) -> None:
+    for out, toks, lps in zip(outs, ref_tokens, ref_logprobs):
+        assert out.outputs[0].token_ids == toks
+        ours = [lp.logprob for lp in out.outputs[0].logprobs]
+        assert ours == pytest.approx(lps, abs=2e-4)
+
+
+def test_batched_chunked_prefill_matches_transformers(model_and_reference: tuple) -> None:
+    folder, batch, ref_tokens, ref_logprobs = model_and_reference
+    llm = LLM(str(folder), dtype="float32", max_num_batched_tokens=32, block_size=16)
+    outs = llm.generate([{"prompt_token_ids": p} for p in batch], GREEDY)
+    check(outs, ref_tokens, ref_logprobs)
+    # Submitted again: leading blocks come from the prefix cache, tokens stay the same.
+    before = llm.engine.stats().prefix_cache_hits
+    again = llm.generate([{"prompt_token_ids": p} for p in batch], GREEDY)
+    check(again, ref_tokens, ref_logprobs)
+    assert llm.engine.stats().prefix_cache_hits > before
+    assert sum(o.num_cached_tokens for o in again) >= 16 * 6
+
+
+def test_preemption_gives_the_same_tokens(model_and_reference: tuple) -> None:
+    folder, batch, ref_tokens, ref_logprobs = model_and_reference
+    # 12 blocks of 4 tokens: far too few for all 8 requests at once (they need ~70).
+    llm = LLM(str(folder), dtype="float32", max_num_batched_tokens=64, block_size=4,
+              num_kv_blocks=24, enable_prefix_caching=False)
+    outs = llm.generate([{"prompt_token_ids": p} for p in batch], GREEDY)
+    assert llm.engine.stats().num_preemptions > 0
+    check(outs, ref_tokens, ref_logprobs)
+
+
+def test_second_turn_computes_only_new_tokens(tiny_llama: Path) -> None:
+    llm = LLM(str(tiny_llama), dtype="float32", block_size=16)
+    turn1 = prompts()[6]  # 48 tokens
+    out1 = llm.generate({"prompt_token_ids": turn1}, GREEDY)[0]
+    history = turn1 + out1.outputs[0].token_ids  # 58 tokens
+    turn2 = history + list(range(100, 120))
+    computed_before = llm.engine.stats().prompt_tokens_total
+    out2 = llm.generate({"prompt_token_ids": turn2}, GREEDY)[0]
+    computed = llm.engine.stats().prompt_tokens_total - computed_before
+    # Every full block of turn 1 (prompt and answer) is reused: 48 of 58 tokens here (the
+    # answer's last token was never fed back, so its block is not full).
+    assert out2.num_cached_tokens == 48
+    assert computed == len(turn2) - 48
+
+
+def test_bad_input_raises_before_scheduling_and_engine_keeps_serving(tiny_llama: Path) -> None:
+    llm = LLM(str(tiny_llama), dtype="float32", max_model_len=64)
+    ok = {"prompt_token_ids": [5, 6, 7]}
+    cases = [
+        ({"prompt_token_ids": []}, SamplingParams(), "prompt"),
+        ({"prompt_token_ids": list(range(3, 70))}, SamplingParams(), "too long"),
+        ({"prompt_token_ids": [10_000]}, SamplingParams(), "out of range"),
+    ]
+    for prompt, params, word in cases:
+        with pytest.raises(ValueError, match=word):
+            llm.generate([ok, prompt], params)
+        assert not llm.engine.has_unfinished_requests()
+    for field, kwargs in [("max_tokens", {"max_tokens": 0}), ("temperature", {"temperature": -1}),
+                          ("top_p", {"top_p": 0}), ("top_p", {"top_p": 1.5})]:
+        with pytest.raises(ValueError, match=field):
+            SamplingParams(**kwargs)
+    out = llm.generate(ok, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+    assert len(out[0].outputs[0].token_ids) == 3
