@@ -13,13 +13,19 @@ import torch
 _CHOICES = ("auto", "torch", "triton")
 
 
-def use_triton(t: torch.Tensor) -> bool:
-    """True when the op on tensor `t` should run its Triton kernel."""
+def use_triton_on(device: torch.device | str) -> bool:
+    """True when ops on tensors of `device` should run their Triton kernels."""
     choice = os.environ.get("LOCALPAGED_KERNELS", "auto").lower()
     if choice not in _CHOICES:
         raise ValueError(f"LOCALPAGED_KERNELS={choice!r}: expected one of {', '.join(_CHOICES)}")
     if choice == "torch":
         return False
+    is_cuda = torch.device(device).type == "cuda"
     if choice == "triton":
-        return t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
-    return t.is_cuda
+        return is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+    return is_cuda
+
+
+def use_triton(t: torch.Tensor) -> bool:
+    """True when the op on tensor `t` should run its Triton kernel."""
+    return use_triton_on(t.device)

@@ -1,13 +1,15 @@
 """Rotary position embedding (NeoX / HF "rotate_half" layout) applied to q and k.
 
 `cos_sin` is a [max_positions, rotary_dim] table: cos in the first half of the last dim,
-sin in the second (built by `localpaged.model.rope`, which owns the rope-scaling kinds).
+sin in the second (built by `localpaged.model.rope`, which owns the rope-scaling kinds, Llama 3
+included: the kernels only read the table). rotary_dim must equal head_dim (no partial rotary).
 """
 
 from __future__ import annotations
 
 import torch
 
+from localpaged.kernels._triton import jit, next_pow2, require_triton, tl
 from localpaged.kernels.backend import use_triton
 
 
@@ -26,13 +28,70 @@ def apply_rotary_torch(
     return _rotate(q, cos, sin), _rotate(k, cos, sin)
 
 
+@jit
+def _rotary_kernel(
+    q_ptr, k_ptr, pos_ptr, cs_ptr,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_cs,
+    NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HALF: tl.constexpr,
+    HQ_PAD: tl.constexpr, HK_PAD: tl.constexpr, HALF_PAD: tl.constexpr,
+):
+    """One program per token: rotate all its q heads and k heads in place, in float32."""
+    tok = tl.program_id(0).to(tl.int64)
+    pos = tl.load(pos_ptr + tok).to(tl.int64)
+    d = tl.arange(0, HALF_PAD)
+    d_mask = d < HALF
+    cos = tl.load(cs_ptr + pos * stride_cs + d, mask=d_mask, other=0.0).to(tl.float32)[None, :]
+    sin = tl.load(cs_ptr + pos * stride_cs + HALF + d, mask=d_mask, other=0.0).to(tl.float32)
+    sin = sin[None, :]
+
+    hq = tl.arange(0, HQ_PAD)[:, None]
+    mq = (hq < NUM_Q_HEADS) & d_mask[None, :]
+    q1_ptr = q_ptr + tok * stride_qt + hq * stride_qh + d[None, :]
+    q1 = tl.load(q1_ptr, mask=mq, other=0.0).to(tl.float32)
+    q2 = tl.load(q1_ptr + HALF, mask=mq, other=0.0).to(tl.float32)
+    q_ty = q_ptr.dtype.element_ty
+    tl.store(q1_ptr, (q1 * cos - q2 * sin).to(q_ty), mask=mq)
+    tl.store(q1_ptr + HALF, (q2 * cos + q1 * sin).to(q_ty), mask=mq)
+
+    hk = tl.arange(0, HK_PAD)[:, None]
+    mk = (hk < NUM_KV_HEADS) & d_mask[None, :]
+    k1_ptr = k_ptr + tok * stride_kt + hk * stride_kh + d[None, :]
+    k1 = tl.load(k1_ptr, mask=mk, other=0.0).to(tl.float32)
+    k2 = tl.load(k1_ptr + HALF, mask=mk, other=0.0).to(tl.float32)
+    k_ty = k_ptr.dtype.element_ty
+    tl.store(k1_ptr, (k1 * cos - k2 * sin).to(k_ty), mask=mk)
+    tl.store(k1_ptr + HALF, (k2 * cos + k1 * sin).to(k_ty), mask=mk)
+
+
+def apply_rotary_triton(
+    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Triton implementation of `apply_rotary_torch`, in place on q and k (views allowed:
+    any strides with a contiguous last dim). Returns (q, k)."""
+    require_triton()
+    num_tokens, num_q_heads, head_dim = q.shape
+    num_kv_heads = k.shape[1]
+    if cos_sin.shape[-1] != head_dim or head_dim % 2:
+        raise ValueError(f"rotary table width {cos_sin.shape[-1]} must equal the (even) "
+                         f"head_dim {head_dim}: partial rotary is not supported")
+    assert q.stride(-1) == 1 and k.stride(-1) == 1 and cos_sin.stride(-1) == 1
+    if num_tokens:
+        half = head_dim // 2
+        _rotary_kernel[(num_tokens,)](
+            q, k, positions, cos_sin,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos_sin.stride(0),
+            NUM_Q_HEADS=num_q_heads, NUM_KV_HEADS=num_kv_heads, HALF=half,
+            HQ_PAD=next_pow2(num_q_heads), HK_PAD=next_pow2(num_kv_heads),
+            HALF_PAD=next_pow2(half),
+        )
+    return q, k
+
+
 def apply_rotary(
     q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate q [T, Hq, D] and k [T, Hkv, D] by their token positions. Returns (q, k); the
     Triton path rotates in place and returns the same tensors."""
     if use_triton(q):
-        from localpaged.kernels.triton_ops import apply_rotary_triton
-
         return apply_rotary_triton(q, k, positions, cos_sin)
     return apply_rotary_torch(q, k, positions, cos_sin)
