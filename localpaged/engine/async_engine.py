@@ -32,8 +32,14 @@ class RequestStream:
         self._loop = asyncio.get_running_loop()
         self.done = False
 
-    def _put(self, delta: StreamDelta) -> None:  # called from the engine thread
-        self._loop.call_soon_threadsafe(self._queue.put_nowait, delta)
+    def _put(self, delta: StreamDelta) -> bool:
+        """Hand a delta to the consumer's loop (engine thread). False if that loop is gone."""
+        try:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, delta)
+        except RuntimeError:  # the consumer's event loop is closed: nobody will read this
+            self.done = True
+            return False
+        return True
 
     def __aiter__(self) -> RequestStream:
         return self
@@ -154,10 +160,13 @@ class AsyncEngine:
             return
         if out.finished:
             del self._streams[out.request_id]
-        stream._put(StreamDelta(
+        delivered = stream._put(StreamDelta(
             out.request_id, out.new_text, out.new_token_ids, out.finished, out.finish_reason,
             out.num_prompt_tokens, out.num_cached_tokens, out.num_output_tokens,
             out.logprobs or None))
+        if not delivered and not out.finished:
+            self.engine.abort(out.request_id)
+            self._streams.pop(out.request_id, None)
 
     def _fail_all(self, message: str, reason: str = "error") -> None:
         for request_id, stream in list(self._streams.items()):

@@ -89,14 +89,14 @@ class LLMEngine:
         params.validate()
         if not prompt_ids:
             raise ValueError("prompt is empty: give at least one token")
-        vocab = self.model_config.vocab_size
-        bad = next((t for t in prompt_ids if not (isinstance(t, int) and 0 <= t < vocab)), None)
-        if bad is not None:
-            raise ValueError(f"prompt token id {bad!r} is out of range [0, {vocab})")
         if len(prompt_ids) >= self.max_model_len:
             raise ValueError(
                 f"prompt is too long: {len(prompt_ids)} tokens, the context is "
                 f"{self.max_model_len} tokens (prompt + answer must fit)")
+        vocab = self.model_config.vocab_size
+        bad = next((t for t in prompt_ids if not (isinstance(t, int) and 0 <= t < vocab)), None)
+        if bad is not None:
+            raise ValueError(f"prompt token id {bad!r} is out of range [0, {vocab})")
 
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None, *,
                     request_id: str | None = None, session_id: str | None = None) -> Request:

@@ -1,0 +1,87 @@
+"""AsyncEngine / LocalClient: concurrent streams, cancellation that frees blocks, isolation."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from localpaged import LLM, SamplingParams
+from localpaged.engine.async_engine import LocalClient
+from localpaged.engine.client import EngineClient
+
+GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+
+
+async def collect(stream) -> tuple[list[int], str | None]:
+    ids, reason = [], None
+    async for d in stream:
+        ids += d.token_ids
+        reason = d.finish_reason
+    return ids, reason
+
+
+async def wait_until(cond, timeout: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not cond():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
+        await asyncio.sleep(0.01)
+
+
+@pytest.fixture(scope="module")
+def client(tiny_llama: Path):
+    c = LocalClient.from_model(str(tiny_llama), dtype="float32", max_num_batched_tokens=64)
+    yield c
+    c.async_engine.close()
+
+
+async def test_concurrent_streams_equal_sequential_outputs(client: LocalClient, tiny_llama: Path) -> None:
+    assert isinstance(client, EngineClient)
+    prompts = [list(range(3 + i, 3 + i + 5 * (i % 4) + 1)) for i in range(16)]
+    results = await asyncio.gather(*(collect(client.generate(p, GREEDY, session_id=f"s{i % 3}"))
+                                     for i, p in enumerate(prompts)))
+    llm = LLM(str(tiny_llama), dtype="float32")
+    for p, (ids, reason) in zip(prompts, results):
+        assert reason == "length"
+        assert ids == llm.generate({"prompt_token_ids": p}, GREEDY)[0].outputs[0].token_ids
+
+
+async def test_leaving_a_stream_aborts_and_frees_blocks(client: LocalClient) -> None:
+    long = SamplingParams(temperature=0, max_tokens=400, ignore_eos=True)
+    stream = client.generate(list(range(3, 60)), long)
+    other = asyncio.create_task(collect(client.generate([7, 8, 9], GREEDY)))
+    got = 0
+    async for d in stream:
+        got += len(d.token_ids)
+        if got >= 3:
+            break
+    await stream.aclose()
+    await wait_until(lambda: client.stats().num_running == 0 and client.stats().kv_blocks_used == 0)
+    ids, reason = await other
+    assert reason == "length" and len(ids) == 16
+
+
+async def test_cancelled_task_aborts(client: LocalClient) -> None:
+    long = SamplingParams(temperature=0, max_tokens=400, ignore_eos=True)
+
+    async def consume() -> None:
+        async for _ in client.generate(list(range(3, 40)), long):
+            pass
+
+    task = asyncio.create_task(consume())
+    await wait_until(lambda: client.stats().num_running == 1)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await wait_until(lambda: client.stats().num_running == 0 and client.stats().kv_blocks_used == 0)
+
+
+async def test_bad_request_fails_alone(client: LocalClient) -> None:
+    good = asyncio.create_task(collect(client.generate([4, 5], GREEDY)))
+    with pytest.raises(ValueError, match="too long"):
+        client.generate(list(range(3, 3 + client.engine.max_model_len + 5)), GREEDY)
+    with pytest.raises(ValueError, match="empty"):
+        client.generate([], GREEDY)
+    ids, reason = await good
+    assert reason == "length" and len(ids) == 16
