@@ -14,6 +14,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from localpaged.kernels._triton import require_triton
+from localpaged.kernels.attention_decode import paged_decode_attention
+from localpaged.kernels.attention_prefill import paged_prefill_attention
 from localpaged.kernels.backend import use_triton
 
 
@@ -98,6 +101,21 @@ def paged_attention_torch(
     return out.to(query.dtype)
 
 
+def paged_attention_triton(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """Triton implementation of `paged_attention_torch`: the split-K decode kernel when every
+    request has one query token, else the prefill kernel (which also serves mixed batches)."""
+    require_triton()
+    if meta.is_decode_only:
+        return paged_decode_attention(query, k_cache, v_cache, meta, scale)
+    return paged_prefill_attention(query, k_cache, v_cache, meta, scale)
+
+
 def paged_attention(
     query: torch.Tensor,
     k_cache: torch.Tensor,
@@ -107,7 +125,5 @@ def paged_attention(
 ) -> torch.Tensor:
     """Causal attention of each request's new query tokens over its paged context."""
     if use_triton(query):
-        from localpaged.kernels.triton_ops import paged_attention_triton
-
         return paged_attention_triton(query, k_cache, v_cache, meta, scale)
     return paged_attention_torch(query, k_cache, v_cache, meta, scale)
