@@ -55,3 +55,81 @@ def hf_logits() -> Callable[[Path, list[int]], torch.Tensor]:
             return models[folder](torch.tensor([ids])).logits[0].float()
 
     return run
+
+
+# -- small real tokenizers (trained here in well under a second) ----------------------------
+
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog. What is the capital of France? Paris!",
+    "def add(a, b):\n    return a + b\n\nclass Point:\n    x: int = 0\n",
+    "Hello, how are you today? I am fine, thank you. Tell me a joke about cats and dogs.",
+    "Café crème, naïve façade, déjà vu. 中文分词测试。 Emoji: 🙂🚀✨ — “quotes” and ‘more’.",
+    "1 + 1 = 2; 3 * 4 = 12; for i in range(10): print(i)  # numbers and code",
+    "[INST] What is 2 + 2? [/INST] It is 4. ABCDEFGHIJKLMNOPQRSTUVWXYZ abcdefghijklmnopqrstuvwxyz"
+    " 0123456789 !?.,;:'\"()[]{}<>/\\|-_=+*&^%$#@~`\n\t",
+] * 4
+
+QWEN_TEMPLATE = (
+    "{% for m in messages %}{% if loop.first and m['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are helpful.<|im_end|>\n' }}{% endif %}"
+    "{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+MISTRAL_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}"
+    "{{ '[INST] ' + m['content'] + ' [/INST]' }}{% else %}{{ m['content'] + eos_token }}"
+    "{% endif %}{% endfor %}"
+)
+
+
+def _byte_level(specials: list[str]):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=450, special_tokens=specials, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(CORPUS, trainer)
+    return tok
+
+
+def _metaspace_with_bos():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="first")
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<unk>", "<s>", "</s>"],
+                                  show_progress=False)
+    tok.train_from_iterator([c for c in CORPUS if c.isascii()], trainer)
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A", special_tokens=[("<s>", tok.token_to_id("<s>"))])
+    return tok
+
+
+def make_hf_tokenizer(kind: str):
+    """"qwen": ChatML template + <|fim_*|> tokens; "starcoder": no template, <fim_*> tokens;
+    "mistral": SentencePiece-style spaces, adds BOS, [INST] template with the BOS in it."""
+    from transformers import PreTrainedTokenizerFast
+
+    if kind == "qwen":
+        specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>",
+                    "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"]
+        return PreTrainedTokenizerFast(tokenizer_object=_byte_level(specials),
+                                       eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                       chat_template=QWEN_TEMPLATE)
+    if kind == "starcoder":
+        specials = ["<|endoftext|>", "<fim_prefix>", "<fim_middle>", "<fim_suffix>"]
+        return PreTrainedTokenizerFast(tokenizer_object=_byte_level(specials),
+                                       eos_token="<|endoftext|>", bos_token="<|endoftext|>")
+    if kind == "mistral":
+        return PreTrainedTokenizerFast(tokenizer_object=_metaspace_with_bos(), bos_token="<s>",
+                                       eos_token="</s>", unk_token="<unk>",
+                                       chat_template=MISTRAL_TEMPLATE)
+    raise ValueError(kind)
+
+
+@pytest.fixture(scope="session")
+def hf_tokenizers() -> dict[str, object]:
+    return {k: make_hf_tokenizer(k) for k in ("qwen", "starcoder", "mistral")}

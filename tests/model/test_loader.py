@@ -4,7 +4,6 @@ sharded, bf16, llama3/yarn rope scaling, and the errors for bad checkpoints."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -150,13 +149,3 @@ def test_bad_tensors_are_named(tiny_llama: Path) -> None:
     with pytest.raises(ValueError, match=r"k_proj.weight.*missing.*\(32, 64\)"):
         build_model(config, missing.items())
 
-
-def test_quantized_checkpoint_is_refused(tiny_llama: Path, tmp_path: Path) -> None:
-    folder = tmp_path / "awq"
-    shutil.copytree(tiny_llama, folder)
-    raw = json.loads((folder / "config.json").read_text())
-    raw["quantization_config"] = {"quant_method": "awq", "bits": 4, "group_size": 128}
-    (folder / "config.json").write_text(json.dumps(raw))
-    assert ModelConfig.from_pretrained(folder).quantization_config["bits"] == 4
-    with pytest.raises(ValueError, match="AWQ/GPTQ checkpoints are not supported yet"):
-        load_model(folder)

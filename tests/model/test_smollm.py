@@ -1,0 +1,36 @@
+"""The real SmolLM2-135M-Instruct (converted from its GGUF to an fp32 HF folder): our logits
+against transformers' on a chat prompt, prefilled in two chunks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from localpaged.model.loader import load_model
+from localpaged.model.tokenizer import Tokenizer
+
+pytestmark = pytest.mark.smollm
+
+
+def test_smollm_logits_match_hf(smollm_hf_dir: Path, step_builder, hf_logits) -> None:
+    tok = Tokenizer.from_pretrained(smollm_hf_dir)
+    ids = tok.apply_chat_template([
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": "What is the capital of France? Answer in one word."},
+    ])
+    model, config = load_model(smollm_hf_dir)
+    assert config.tie_word_embeddings and config.num_layers == 30
+    block = 16
+    table = list(range(-(-len(ids) // block) + 2, 0, -1))
+    caches = model.allocate_kv_caches(len(table) + 1, block)
+    cut = 21
+    got = []
+    for start, end in ((0, cut), (cut, len(ids))):
+        positions, meta = step_builder([(table, start, end - start)], block)
+        hidden = model(torch.tensor(ids[start:end]), positions, caches, meta)
+        got.append(model.compute_logits(hidden))
+    ref = hf_logits(smollm_hf_dir, ids)
+    torch.testing.assert_close(torch.cat(got), ref, atol=2e-4, rtol=1e-4)
+    assert got[-1][-1].argmax() == ref[-1].argmax()

@@ -1,0 +1,148 @@
+"""Tokenizer: chat template vs transformers, exact next turns, FIM prompts; on small
+tokenizers trained here and on the real SmolLM2 tokenizer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from localpaged.model.tokenizer import FALLBACK_CHAT_TEMPLATE, Tokenizer
+
+CHAT = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "What is the capital of France?"},
+]
+TEXT = st.text(alphabet="abcdefgh ,.?!\n12éü中🙂", min_size=1, max_size=30)
+ASCII_TEXT = st.text(alphabet="abcdefgh ,.?!12", min_size=1, max_size=30).filter(str.strip)
+
+
+def _hf_ids(tok: Tokenizer, messages: list[dict], template: str | None = None) -> list[int]:
+    return list(tok.hf.apply_chat_template(
+        messages, chat_template=template, tokenize=True, add_generation_prompt=True,
+        return_dict=False))
+
+
+@pytest.fixture(scope="module")
+def qwen(hf_tokenizers) -> Tokenizer:
+    return Tokenizer(hf_tokenizers["qwen"], eos_token_ids=[0, 2])
+
+
+@pytest.fixture(scope="module")
+def mistral(hf_tokenizers) -> Tokenizer:
+    return Tokenizer(hf_tokenizers["mistral"])
+
+
+@pytest.fixture(scope="module")
+def starcoder(hf_tokenizers) -> Tokenizer:
+    return Tokenizer(hf_tokenizers["starcoder"])
+
+
+def test_members(qwen: Tokenizer, mistral: Tokenizer) -> None:
+    im_end = qwen.hf.convert_tokens_to_ids("<|im_end|>")
+    assert qwen.eos_token_ids == (im_end, 0)  # tokenizer's eos first, no duplicates
+    assert qwen.bos_token_id is None and not qwen.adds_bos
+    assert qwen.vocab_size == len(qwen.hf) and qwen.chat_template
+    assert mistral.adds_bos and mistral.bos_token_id == 1
+    text = "Hello, how are you?"
+    assert qwen.decode(qwen.encode(text)) == text
+    assert mistral.encode(text, add_special_tokens=True)[0] == 1
+
+
+@pytest.mark.parametrize("name", ["qwen", "mistral"])
+def test_chat_template_matches_transformers(name: str, request: pytest.FixtureRequest) -> None:
+    tok: Tokenizer = request.getfixturevalue(name)
+    messages = CHAT[1:] if name == "mistral" else CHAT
+    ids = tok.apply_chat_template(messages)
+    assert ids == _hf_ids(tok, messages)
+    assert ids.count(1) <= 1 or name != "mistral"  # the template's BOS, not a second one
+    assert tok.render_chat(messages).endswith("<|im_start|>assistant\n" if name == "qwen"
+                                              else "[/INST]")
+
+
+def test_fallback_template(starcoder: Tokenizer) -> None:
+    assert starcoder.chat_template is None
+    text = starcoder.render_chat(CHAT)
+    assert text == ("System: You are a helpful assistant.\n\n"
+                    "User: What is the capital of France?\n\nAssistant:")
+    assert starcoder.apply_chat_template(CHAT) == _hf_ids(starcoder, CHAT, FALLBACK_CHAT_TEMPLATE)
+
+
+def _check_next_turn(tok: Tokenizer, answer: str, question: str, eos: bool) -> None:
+    """Turn 1 prompt + answer ids, then turn 2 through next_turn_ids. The answer's ids are
+    tried two ways: as encoding its text alone gives them (may differ from how the template
+    text tokenizes) and as the rendered conversation tokenizes them."""
+    history = [CHAT[1]]
+    prompt = tok.apply_chat_template(history)
+    history.append({"role": "assistant", "content": answer})
+    new = [{"role": "user", "content": question}]
+    expected = tok.apply_chat_template(history + new)
+    eos_ids = [tok.eos_token_ids[0]] if eos else []
+    rendered = tok.apply_chat_template(history, add_generation_prompt=False)
+    n_answer = len(tok.encode(answer))
+    for answer_ids in (tok.encode(answer), rendered[len(prompt) : len(prompt) + n_answer]):
+        history_ids = prompt + answer_ids + eos_ids
+        got = tok.next_turn_ids(history_ids, history, new)
+        assert got[: len(history_ids)] == history_ids
+        n_new = len(got) - len(history_ids)
+        assert n_new > 0 and got[len(history_ids) :] == expected[-n_new:]
+        if expected[: len(history_ids)] == history_ids:  # the answer re-tokenizes identically
+            assert got == expected
+
+
+@settings(max_examples=60, deadline=None)
+@given(answer=TEXT, question=TEXT, eos=st.booleans())
+def test_next_turn_property_chatml(qwen: Tokenizer, answer: str, question: str,
+                                   eos: bool) -> None:
+    _check_next_turn(qwen, answer, question, eos)
+
+
+@settings(max_examples=60, deadline=None)
+@given(answer=ASCII_TEXT, question=ASCII_TEXT)
+def test_next_turn_property_sentencepiece(mistral: Tokenizer, answer: str,
+                                          question: str) -> None:
+    """Tokenizers that put a space before an input's first word: the new part is encoded as
+    it tokenizes mid-prompt (after the eos), not as a fresh input."""
+    _check_next_turn(mistral, answer.strip(), question.strip(), eos=True)
+
+
+def test_next_turn_chain_keeps_every_prefix(qwen: Tokenizer) -> None:
+    """Three turns: each prompt extends the previous prompt + answer exactly, even when the
+    answer's ids are not the ones re-tokenizing its text would give."""
+    messages = [CHAT[1]]
+    ids = qwen.apply_chat_template(messages)
+    for turn, answer in enumerate(["Paris.", "It is 🙂 big!", "Yes"]):
+        odd_ids = [i for ch in answer for i in qwen.encode(ch)]  # one character at a time
+        assert turn == 2 or odd_ids != qwen.encode(answer)
+        history_ids = ids + odd_ids + [qwen.eos_token_ids[0]]
+        messages.append({"role": "assistant", "content": answer})
+        new = [{"role": "user", "content": f"question {turn}"}]
+        ids = qwen.next_turn_ids(history_ids, messages, new)
+        messages += new
+        assert ids[: len(history_ids)] == history_ids
+        assert qwen.decode(ids, False) == qwen.render_chat(messages)
+
+
+def test_fim_ids(qwen: Tokenizer, starcoder: Tokenizer, mistral: Tokenizer) -> None:
+    v = qwen.hf.get_vocab()
+    ids = qwen.fim_ids("def add(a, b):\n    return ", "\n\nprint(add(1, 2))")
+    assert ids[0] == v["<|fim_prefix|>"] and ids[-1] == v["<|fim_middle|>"]
+    assert qwen.decode(ids, False) == ("<|fim_prefix|>def add(a, b):\n    return "
+                                       "<|fim_suffix|>\n\nprint(add(1, 2))<|fim_middle|>")
+    s = starcoder.fim_ids("x = ", "\n")
+    assert starcoder.decode(s, False) == "<fim_prefix>x = <fim_suffix>\n<fim_middle>"
+    assert mistral.fim_ids("a", "b") is None
+
+
+@pytest.mark.smollm
+def test_smollm_tokenizer(smollm_hf_dir: Path) -> None:
+    tok = Tokenizer.from_pretrained(smollm_hf_dir)
+    assert tok.eos_token_ids == (2,) and tok.vocab_size == 49152
+    assert tok.apply_chat_template(CHAT) == _hf_ids(tok, CHAT)
+    assert tok.apply_chat_template(CHAT[1:]) == _hf_ids(tok, CHAT[1:])  # default system
+    assert tok.fim_ids("a", "b") is None  # SmolLM2's GGUF vocab has no FIM tokens
+    for answer in ("The capital of France is Paris.", "Paris 🙂\n\nIt's lovely!"):
+        _check_next_turn(tok, answer, "And of Italy?", eos=True)
+        _check_next_turn(tok, answer, "And of Italy?", eos=False)
