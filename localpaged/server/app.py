@@ -1,0 +1,156 @@
+"""The localhost HTTP API: `create_app` builds it on any EngineClient, `serve_in_background`
+runs it next to the chat UI, and `main` is `localpaged serve`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import PlainTextResponse
+from starlette.middleware.cors import CORSMiddleware
+
+from localpaged.engine.client import EngineClient
+from localpaged.server import ollama_routes, openai_routes
+from localpaged.server.errors import install_error_handlers
+from localpaged.server.metrics import render_metrics
+from localpaged.server.security import (
+    DEFAULT_MAX_BODY_BYTES,
+    GuardMiddleware,
+    cors_origin_regex,
+    is_loopback_host,
+)
+from localpaged.server.streams import ServerState
+
+DEFAULT_MAX_QUEUED = 128
+API_KEY_ENV = "LOCALPAGED_API_KEY"
+
+
+def create_app(client: EngineClient, *, allowed_hosts: tuple[str, ...] | list[str] = (),
+               allowed_origins: tuple[str, ...] | list[str] = (), api_key: str | None = None,
+               max_queued: int = DEFAULT_MAX_QUEUED,
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+    """The API over `client` (which the caller owns and closes).
+
+    allowed_hosts / allowed_origins extend the loopback defaults; api_key, when set, is required
+    as `Authorization: Bearer <key>`; max_queued caps generation requests in flight (429 past
+    it); max_body_bytes caps request bodies (413 past it).
+    """
+    app = FastAPI(
+        title="localpaged", version="0.1.0",
+        summary="OpenAI-compatible API of a local paged-KV engine "
+                "(an Ollama-compatible API is served under /api, outside this document).",
+        docs_url="/docs", redoc_url=None, openapi_url="/openapi.json")
+    app.state.localpaged = ServerState(client=client, max_queued=max_queued)
+    install_error_handlers(app)
+    app.include_router(openai_routes.router)
+    app.include_router(ollama_routes.router)
+
+    @app.get("/", include_in_schema=False, response_class=PlainTextResponse)
+    @app.head("/", include_in_schema=False, response_class=PlainTextResponse)
+    async def root() -> str:
+        return "Ollama is running"  # what Ollama clients probe for
+
+    @app.get("/metrics", include_in_schema=False, response_class=PlainTextResponse)
+    async def metrics(request: Request) -> PlainTextResponse:
+        state: ServerState = request.app.state.localpaged
+        return PlainTextResponse(render_metrics(state.client.stats(), state.metrics),
+                                 media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    app.add_middleware(CORSMiddleware, allow_origin_regex=cors_origin_regex(allowed_origins),
+                       allow_methods=["*"], allow_headers=["*"], max_age=600)
+    app.add_middleware(GuardMiddleware, allowed_hosts=allowed_hosts,
+                       allowed_origins=allowed_origins, api_key=api_key,
+                       max_body_bytes=max_body_bytes)
+    return app
+
+
+@dataclass
+class ServerHandle:
+    """A server running on a background thread; `stop()` shuts it down."""
+
+    server: uvicorn.Server
+    thread: threading.Thread
+    host: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout)
+
+
+def serve_in_background(client: EngineClient, host: str = "127.0.0.1", port: int = 0,
+                        **app_kwargs: Any) -> ServerHandle:
+    """Serve `create_app(client, **app_kwargs)` with uvicorn on a daemon thread (its own event
+    loop; the engine client is safe to use from any loop). port 0 picks a free port. Returns
+    once the server listens."""
+    if not is_loopback_host(host):
+        app_kwargs.setdefault("allowed_hosts", (host,))
+    app = create_app(client, **app_kwargs)
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
+                            lifespan="off", timeout_graceful_shutdown=2)
+    server = uvicorn.Server(config)
+    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]  # not main thread
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            asyncio.run(server.serve())
+        except BaseException as exc:  # reported to the caller below
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, name="localpaged-api", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if errors or not thread.is_alive():
+            raise RuntimeError(f"the API server did not start on {host}:{port}: "
+                               f"{errors[0] if errors else 'it exited'}")
+        if time.monotonic() > deadline:
+            server.should_exit = True
+            raise RuntimeError(f"the API server did not start on {host}:{port} in 30 s")
+        time.sleep(0.01)
+    sock_port = port
+    for s in server.servers:
+        for sock in s.sockets:
+            sock_port = sock.getsockname()[1]
+            break
+    return ServerHandle(server, thread, host, sock_port)
+
+
+def main(args: argparse.Namespace) -> int:
+    """`localpaged serve`: load the model, then serve until Ctrl-C."""
+    from localpaged.cli import DEFAULT_MODEL
+    from localpaged.engine.async_engine import LocalClient
+
+    engine_args = {k: getattr(args, k) for k in ("dtype", "device", "max_model_len", "kv_cache_gb")
+                   if getattr(args, k, None) is not None}
+    client = LocalClient.from_model(args.model or DEFAULT_MODEL, **engine_args)
+    hosts = list(args.allowed_host or [])
+    if args.host not in ("0.0.0.0", "::", "") and not is_loopback_host(args.host):
+        hosts.append(args.host)
+    if not is_loopback_host(args.host):
+        print(f"localpaged: warning: serving on {args.host}, not only this machine; set "
+              f"{API_KEY_ENV} to require a key", file=sys.stderr)
+    app = create_app(client, allowed_hosts=hosts, allowed_origins=args.allowed_origin or [],
+                     api_key=os.environ.get(API_KEY_ENV) or None)
+    print(f"localpaged: serving {client.model_name} on http://{args.host}:{args.port} "
+          f"(OpenAI: /v1, Ollama: /api)", file=sys.stderr, flush=True)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level="info",
+                    timeout_graceful_shutdown=2)
+    finally:
+        asyncio.run(client.close())
+    return 0

@@ -1,0 +1,163 @@
+"""Helpers both APIs share: model name checks, message flattening, context-length checks,
+sampling parameters and token strings."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from localpaged.engine.client import Message
+from localpaged.engine.request import SamplingParams
+from localpaged.server.errors import APIError
+from localpaged.server.streams import ServerState
+
+# A model name as users type it: catalog names (`smollm2:135m`), `org/repo` and file-ish names.
+# Anything else (path separators at the edges, `..`, control characters) is refused before it
+# reaches the store.
+MODEL_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:+@/-]{0,199}")
+
+SEED_MOD = 2**63
+TEMPERATURE_EPS = 1e-5  # below this, sampling is greedy (as vLLM does)
+
+
+def valid_model_name(name: str) -> bool:
+    """Whether `name` is safe to hand to the model store."""
+    return (MODEL_NAME_RE.fullmatch(name) is not None and ".." not in name
+            and "//" not in name and not name.endswith("/"))
+
+
+def served_names(state: ServerState) -> list[str]:
+    """The names the loaded model answers to (its own, and with `:latest` when it has no tag)."""
+    names = [state.client.model_name]
+    info = getattr(state.client, "model_info", None)
+    if info is not None and info.name and info.name not in names:
+        names.append(info.name)
+    for n in list(names):
+        if ":" not in n.rsplit("/", 1)[-1]:
+            names.append(f"{n}:latest")
+    return names
+
+
+def check_model(state: ServerState, name: str) -> None:
+    """404 unless `name` is the model this server has loaded."""
+    if name not in served_names(state):
+        raise APIError(404, f"model {name!r} not found; this server serves "
+                       f"{state.client.model_name!r}", param="model", code="model_not_found")
+
+
+def flatten_content(content: Any, param: str) -> str:
+    """Message content as one string: a string, null, or a list of text parts."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    texts = []
+    for part in content:
+        if part.type != "text" or part.text is None:
+            raise APIError(400, f"unsupported content part type {part.type!r}: only text is "
+                           "supported", param=param)
+        texts.append(part.text)
+    return "".join(texts)
+
+
+def engine_messages(messages: list[Any], param: str = "messages") -> list[Message]:
+    """Request messages as the engine's `{"role", "content"}` dicts (developer -> system)."""
+    out: list[Message] = []
+    for i, m in enumerate(messages):
+        if m.role == "tool":
+            raise APIError(400, "tool messages are not supported", param=f"{param}.{i}.role")
+        if getattr(m, "images", None):
+            raise APIError(400, "images are not supported", param=f"{param}.{i}.images")
+        role = "system" if m.role == "developer" else m.role
+        out.append({"role": role, "content": flatten_content(m.content, f"{param}.{i}.content")})
+    return out
+
+
+def count_chat_tokens(state: ServerState, messages: list[Message]) -> int | None:
+    """Prompt tokens of `messages` through the chat template, or None without a tokenizer."""
+    tok = state.tokenizer
+    if tok is None:
+        return None
+    try:
+        return len(tok.apply_chat_template(messages))
+    except Exception as exc:  # a template that rejects the conversation (e.g. role order)
+        raise APIError(400, f"the model's chat template rejected the messages: {exc}",
+                       param="messages") from exc
+
+
+def count_text_tokens(state: ServerState, prompt: str | list[int]) -> int | None:
+    """Prompt tokens of a raw prompt, or None without a tokenizer."""
+    if isinstance(prompt, list):
+        return len(prompt)
+    tok = state.tokenizer
+    if tok is None:
+        return None
+    try:  # count as the engine encodes: with the tokenizer's special tokens (BOS)
+        return len(tok.encode(prompt, add_special_tokens=True))
+    except TypeError:
+        return len(tok.encode(prompt))
+
+
+def fit_max_tokens(state: ServerState, prompt_tokens: int | None, max_tokens: int | None, *,
+                   strict: bool, param: str = "max_tokens",
+                   prompt_param: str = "messages") -> int | None:
+    """The answer's token budget within the context. With `strict` (OpenAI) a request that does
+    not fit is refused, naming both counts; otherwise (Ollama) the budget is clamped."""
+    if max_tokens is not None and max_tokens < 1:
+        if strict:
+            raise APIError(400, f"{param} must be at least 1, got {max_tokens}", param=param)
+        max_tokens = None
+    ctx = state.context_length()
+    if not ctx or prompt_tokens is None:
+        return max_tokens
+    if prompt_tokens >= ctx:
+        raise APIError(400, f"This model's maximum context length is {ctx} tokens, but the "
+                       f"prompt has {prompt_tokens} tokens. Shorten the prompt.",
+                       param=prompt_param, code="context_length_exceeded")
+    room = ctx - prompt_tokens
+    if max_tokens is None:
+        return room
+    if max_tokens > room:
+        if strict:
+            raise APIError(400, f"This model's maximum context length is {ctx} tokens. However, "
+                           f"you requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} "
+                           f"in the prompt, {max_tokens} for the completion). Reduce the prompt "
+                           f"or {param}.", param=param, code="context_length_exceeded")
+        return room
+    return max_tokens
+
+
+def stop_list(stop: str | list[str] | None, param: str = "stop") -> list[str]:
+    """`stop` as a list of non-empty strings (empty strings are dropped)."""
+    if stop is None:
+        return []
+    items = [stop] if isinstance(stop, str) else list(stop)
+    return [s for s in items if s]
+
+
+def make_params(**kwargs: Any) -> SamplingParams:
+    """SamplingParams from request values (None means default), refusing bad values with a 400
+    that names the field."""
+    values = {k: v for k, v in kwargs.items() if v is not None}
+    if "temperature" in values and 0 < values["temperature"] < TEMPERATURE_EPS:
+        values["temperature"] = 0.0
+    if "seed" in values:
+        values["seed"] = int(values["seed"]) % SEED_MOD
+    try:
+        return SamplingParams(**values)
+    except ValueError as exc:
+        field = str(exc).split("=", 1)[0] if "=" in str(exc) else None
+        raise APIError(400, str(exc), param=field) from exc
+
+
+def token_text(state: ServerState, token_id: int) -> str:
+    """The text of one token (for logprobs)."""
+    tok = state.tokenizer
+    if tok is None:
+        return f"token_id:{token_id}"
+    try:
+        return tok.decode([token_id], skip_special_tokens=False)
+    except TypeError:
+        return tok.decode([token_id])
+    except Exception:
+        return f"token_id:{token_id}"

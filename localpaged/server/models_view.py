@@ -1,0 +1,210 @@
+"""How Ollama's model endpoints see the loaded model and the model store (/api/tags, /api/show,
+/api/ps, /api/pull). The store is optional: without it, only the loaded model is listed."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import threading
+from collections.abc import AsyncIterator
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from localpaged.engine.client import ModelInfo
+from localpaged.server.common import served_names, valid_model_name
+from localpaged.server.errors import APIError
+from localpaged.server.streams import ServerState
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def parameter_size(n: int) -> str:
+    """Ollama's short parameter count: 135M, 1.5B, 7B."""
+    if n <= 0:
+        return ""
+    for div, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= div:
+            value = n / div
+            return f"{value:.1f}{unit}".replace(".0" + unit, unit) if value < 10 else \
+                f"{value:.0f}{unit}"
+    return str(n)
+
+
+def _info(state: ServerState) -> ModelInfo:
+    info = getattr(state.client, "model_info", None)
+    return info if info is not None else ModelInfo(name=state.client.model_name)
+
+
+def _digest(info: ModelInfo) -> str:
+    return info.digest or hashlib.sha256(info.name.encode()).hexdigest()
+
+
+def details(info: ModelInfo) -> dict[str, Any]:
+    return {"parent_model": "", "format": info.format, "family": info.family,
+            "families": [info.family], "parameter_size": parameter_size(info.parameter_count),
+            "quantization_level": info.quantization}
+
+
+def _loaded_entry(state: ServerState) -> dict[str, Any]:
+    info = _info(state)
+    name = state.client.model_name
+    return {"name": name, "model": name, "modified_at": _iso(state.started),
+            "size": info.size_bytes, "digest": _digest(info), "details": details(info)}
+
+
+def _store() -> Any:
+    try:
+        from localpaged import store
+    except ImportError:  # pragma: no cover - the store is part of the package
+        return None
+    return store if hasattr(store, "list_pulled") else None
+
+
+def _store_entry(entry: Any) -> dict[str, Any]:
+    """A store entry as an /api/tags row (reading whichever attributes it has)."""
+    name = str(getattr(entry, "name", entry))
+    modified = getattr(entry, "modified_at", None) or getattr(entry, "modified", None)
+    if isinstance(modified, (int, float)):
+        modified = _iso(modified)
+    elif isinstance(modified, datetime):
+        modified = modified.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
+    params = getattr(entry, "parameter_count", 0) or 0
+    return {"name": name, "model": name, "modified_at": modified or _iso(0),
+            "size": int(getattr(entry, "size_bytes", 0) or getattr(entry, "size", 0) or 0),
+            "digest": str(getattr(entry, "digest", "") or hashlib.sha256(name.encode()).hexdigest()),
+            "details": {"parent_model": "", "format": str(getattr(entry, "format", "") or ""),
+                        "family": str(getattr(entry, "family", "") or ""),
+                        "families": [str(getattr(entry, "family", "") or "")],
+                        "parameter_size": (parameter_size(params) if isinstance(params, int)
+                                           else str(params)),
+                        "quantization_level": str(getattr(entry, "quantization", "") or "")}}
+
+
+def list_models(state: ServerState) -> list[dict[str, Any]]:
+    """The loaded model first, then every other pulled model the store knows."""
+    rows = [_loaded_entry(state)]
+    store = _store()
+    if store is not None:
+        try:
+            pulled = list(store.list_pulled())
+        except Exception:  # a broken registry must not break the loaded model's listing
+            pulled = []
+        names = set(served_names(state))
+        rows += [r for r in map(_store_entry, pulled) if r["name"] not in names]
+    return rows
+
+
+def running_model(state: ServerState) -> dict[str, Any]:
+    """/api/ps: the loaded model (it stays loaded while the server runs)."""
+    row = _loaded_entry(state)
+    info = _info(state)
+    forever = datetime(2318, 1, 1, tzinfo=timezone.utc)
+    expires = forever if state.keep_alive < 0 else \
+        datetime.now(timezone.utc) + timedelta(seconds=state.keep_alive)
+    row.update(expires_at=expires.isoformat().replace("+00:00", "Z"),
+               size_vram=info.size_bytes if info.device.startswith("cuda") else 0,
+               context_length=state.context_length())
+    return row
+
+
+def show_model(state: ServerState, name: str) -> dict[str, Any]:
+    """/api/show for the loaded model, or a pulled one the store knows (fewer details)."""
+    if name in served_names(state):
+        info = _info(state)
+        arch = info.architecture
+        tok = state.tokenizer
+        caps = ["completion"]
+        try:
+            if tok is not None and tok.fim_ids("a", "b") is not None:
+                caps.append("insert")
+        except Exception:
+            pass
+        return {"license": "", "modelfile": f"# served by localpaged\nFROM {info.name}\n",
+                "parameters": "", "template": info.chat_template or "",
+                "details": details(info),
+                "model_info": {"general.architecture": arch,
+                               "general.basename": info.name,
+                               "general.parameter_count": info.parameter_count,
+                               f"{arch}.context_length": state.context_length()},
+                "capabilities": caps, "modified_at": _iso(state.started)}
+    if not valid_model_name(name):
+        raise APIError(400, f"invalid model name {name!r}")
+    store = _store()
+    if store is not None:
+        for entry in store.list_pulled():
+            row = _store_entry(entry)
+            if row["name"] == name:
+                return {"license": "", "modelfile": f"FROM {name}\n", "parameters": "",
+                        "template": "", "details": row["details"],
+                        "model_info": {"general.architecture": row["details"]["family"]},
+                        "capabilities": ["completion"], "modified_at": row["modified_at"]}
+    raise APIError(404, f"model '{name}' not found")
+
+
+async def pull_progress(state: ServerState, name: str) -> AsyncIterator[dict[str, Any]]:
+    """Ollama-style pull progress lines; the last one is `{"status": "success"}` or an error
+    (with a `status_code` key the caller strips)."""
+    if name in served_names(state):
+        yield {"status": "pulling manifest"}
+        yield {"status": "success"}
+        return
+    if not valid_model_name(name):
+        yield {"error": f"invalid model name {name!r}", "status_code": 400}
+        return
+    store = _store()
+    if store is None or not hasattr(store, "pull"):
+        yield {"error": "this server has no model store to pull from", "status_code": 501}
+        return
+    yield {"status": "pulling manifest"}
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+
+    def progress(*args: Any, **kwargs: Any) -> None:
+        loop.call_soon_threadsafe(queue.put_nowait, _progress_line(name, args, kwargs))
+
+    def run() -> None:
+        try:
+            store.pull(name, progress=progress)
+            line: dict[str, Any] = {"status": "success"}
+        except (KeyError, LookupError, FileNotFoundError) as exc:
+            line = {"error": f"pull {name!r}: {exc}", "status_code": 404}
+        except ValueError as exc:
+            line = {"error": f"pull {name!r}: {exc}", "status_code": 400}
+        except Exception as exc:
+            line = {"error": f"pull {name!r} failed: {exc}", "status_code": 502}
+        loop.call_soon_threadsafe(queue.put_nowait, line)
+        loop.call_soon_threadsafe(queue.put_nowait, None)
+
+    threading.Thread(target=run, name=f"pull-{name}", daemon=True).start()
+    while (line := await queue.get()) is not None:
+        yield line
+
+
+def _progress_line(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """One progress callback call as an Ollama progress line, whatever shape the store uses:
+    a dict, (completed, total), (file, completed, total) or an object with those attributes."""
+    if args and isinstance(args[0], dict):
+        data = dict(args[0])
+    elif len(args) >= 3:
+        data = {"file": args[0], "completed": args[1], "total": args[2]}
+    elif len(args) == 2:
+        data = {"completed": args[0], "total": args[1]}
+    elif args:
+        obj = args[0]
+        data = {k: getattr(obj, k) for k in ("file", "filename", "completed", "downloaded",
+                                             "total", "status") if hasattr(obj, k)}
+    else:
+        data = {}
+    data.update(kwargs)
+    completed = data.get("completed", data.get("downloaded"))
+    total = data.get("total")
+    file = data.get("file") or data.get("filename") or name
+    line: dict[str, Any] = {"status": str(data.get("status") or f"pulling {file}"),
+                            "digest": "sha256:" + hashlib.sha256(str(file).encode()).hexdigest()}
+    if isinstance(total, int):
+        line["total"] = total
+    if isinstance(completed, int):
+        line["completed"] = completed
+    return line

@@ -1,0 +1,274 @@
+"""The OpenAI-compatible API: /v1/models, /v1/chat/completions, /v1/completions (with FIM)."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from localpaged.engine.client import StreamDelta
+from localpaged.server.common import (
+    check_model,
+    count_chat_tokens,
+    count_text_tokens,
+    engine_messages,
+    fit_max_tokens,
+    make_params,
+    served_names,
+    stop_list,
+    token_text,
+)
+from localpaged.server.errors import APIError, error_body
+from localpaged.server.schemas import ChatCompletionRequest, CompletionRequest
+from localpaged.server.streams import Generation, GenerationResponse, ServerState, start_generation
+
+router = APIRouter(prefix="/v1", tags=["OpenAI"])
+
+
+def _state(request: Request) -> ServerState:
+    return request.app.state.localpaged
+
+
+def _usage(last: StreamDelta) -> dict[str, Any]:
+    return {"prompt_tokens": last.num_prompt_tokens,
+            "completion_tokens": last.num_output_tokens,
+            "total_tokens": last.num_prompt_tokens + last.num_output_tokens,
+            "prompt_tokens_details": {"cached_tokens": last.num_cached_tokens}}
+
+
+def _sse(obj: Any) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+def _check_common(body: ChatCompletionRequest | CompletionRequest) -> None:
+    if body.n not in (None, 1):
+        raise APIError(400, f"n={body.n} is not supported: only n=1", param="n")
+
+
+@router.get("/models", summary="List the served model")
+async def list_models(request: Request) -> dict[str, Any]:
+    state = _state(request)
+    return {"object": "list",
+            "data": [{"id": state.client.model_name, "object": "model",
+                      "created": int(state.started), "owned_by": "localpaged"}]}
+
+
+@router.get("/models/{model:path}", summary="Describe the served model")
+async def get_model(model: str, request: Request) -> dict[str, Any]:
+    state = _state(request)
+    check_model(state, model)
+    return {"id": model, "object": "model", "created": int(state.started),
+            "owned_by": "localpaged"}
+
+
+def _chat_logprobs(state: ServerState, delta: StreamDelta) -> dict[str, Any] | None:
+    if delta.logprobs is None:
+        return None
+    content = []
+    for lp in delta.logprobs:
+        tok = token_text(state, lp.token_id)
+        top = []
+        for tid, val in lp.top:
+            t = token_text(state, tid)
+            top.append({"token": t, "logprob": val, "bytes": list(t.encode())})
+        content.append({"token": tok, "logprob": lp.logprob, "bytes": list(tok.encode()),
+                        "top_logprobs": top})
+    return {"content": content}
+
+
+def _merge_chat_logprobs(parts: list[dict[str, Any] | None]) -> dict[str, Any] | None:
+    present = [p for p in parts if p is not None]
+    if not present:
+        return None
+    return {"content": [c for p in present for c in p["content"]]}
+
+
+@router.post("/chat/completions", summary="Chat completion (SSE with `stream: true`)")
+async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
+    state = _state(request)
+    check_model(state, body.model)
+    _check_common(body)
+    if body.tools:
+        raise APIError(400, "tools are not supported by this server", param="tools")
+    if body.response_format and body.response_format.get("type") not in (None, "text"):
+        raise APIError(400, "response_format other than text is not supported",
+                       param="response_format")
+    if body.top_logprobs is not None and not body.logprobs:
+        raise APIError(400, "top_logprobs requires logprobs=true", param="top_logprobs")
+    messages = engine_messages(body.messages)
+    prompt_tokens = count_chat_tokens(state, messages)
+    requested = body.max_completion_tokens if body.max_completion_tokens is not None \
+        else body.max_tokens
+    param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+    max_tokens = fit_max_tokens(state, prompt_tokens, requested, strict=True, param=param)
+    params = make_params(
+        max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p, seed=body.seed,
+        stop=stop_list(body.stop), presence_penalty=body.presence_penalty,
+        frequency_penalty=body.frequency_penalty, top_k=body.top_k, min_p=body.min_p,
+        repetition_penalty=body.repetition_penalty,
+        logprobs=(body.top_logprobs or 0) if body.logprobs else None)
+    gen = await start_generation(state, "openai", messages=messages, params=params,
+                                 session_id=body.user, prompt_param="messages")
+    cid = f"chatcmpl-{uuid.uuid4().hex}"
+    created = int(time.time())
+    if not body.stream:
+        text, last, deltas = await gen.collect_until_disconnect(request)
+        if last.finish_reason == "error":
+            raise APIError(500, f"engine error: {last.error or 'unknown'}")
+        logprobs = _merge_chat_logprobs([_chat_logprobs(state, d) for d in deltas])
+        return {"id": cid, "object": "chat.completion", "created": created, "model": body.model,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                             "logprobs": logprobs, "finish_reason": last.finish_reason}],
+                "usage": _usage(last)}
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+
+    def chunk(delta: dict[str, Any], finish: str | None, logprobs: Any = None) -> dict[str, Any]:
+        out = {"id": cid, "object": "chat.completion.chunk", "created": created,
+               "model": body.model, "choices": [{"index": 0, "delta": delta,
+                                                 "logprobs": logprobs, "finish_reason": finish}]}
+        if include_usage:
+            out["usage"] = None
+        return out
+
+    async def events() -> AsyncIterator[str]:
+        yield _sse(chunk({"role": "assistant", "content": ""}, None))
+        last: StreamDelta | None = None
+        async for d in gen.deltas():
+            last = d
+            if d.finish_reason == "error":
+                yield _sse(error_body("/v1", 500, f"engine error: {d.error or 'unknown'}"))
+                break
+            if d.text or d.logprobs or d.finished:
+                yield _sse(chunk({"content": d.text} if d.text else {},
+                                 d.finish_reason if d.finished else None,
+                                 _chat_logprobs(state, d)))
+        if include_usage and last is not None:
+            yield _sse({"id": cid, "object": "chat.completion.chunk", "created": created,
+                        "model": body.model, "choices": [], "usage": _usage(last)})
+        yield "data: [DONE]\n\n"
+
+    return GenerationResponse(events(), gen, "text/event-stream")
+
+
+def _completion_logprobs(state: ServerState, delta: StreamDelta,
+                         offset: int) -> tuple[dict[str, Any] | None, int]:
+    if delta.logprobs is None:
+        return None, offset
+    out: dict[str, Any] = {"tokens": [], "token_logprobs": [], "top_logprobs": [],
+                           "text_offset": []}
+    for lp in delta.logprobs:
+        tok = token_text(state, lp.token_id)
+        out["tokens"].append(tok)
+        out["token_logprobs"].append(lp.logprob)
+        out["top_logprobs"].append({token_text(state, t): v for t, v in lp.top})
+        out["text_offset"].append(offset)
+        offset += len(tok)
+    return out, offset
+
+
+def _merge_completion_logprobs(parts: list[dict[str, Any] | None]) -> dict[str, Any] | None:
+    present = [p for p in parts if p is not None]
+    if not present:
+        return None
+    return {k: [v for p in present for v in p[k]] for k in present[0]}
+
+
+def _completion_prompt(state: ServerState, body: CompletionRequest) -> str | list[int]:
+    prompt: Any = body.prompt
+    if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+        if len(prompt) != 1:
+            raise APIError(400, "only one prompt per request is supported", param="prompt")
+        prompt = prompt[0]
+    if isinstance(prompt, list):
+        if not prompt:
+            raise APIError(400, "prompt is empty", param="prompt")
+        vocab = getattr(state.tokenizer, "vocab_size", None)
+        if any(t < 0 or (vocab and t >= vocab) for t in prompt):
+            raise APIError(400, "prompt has token ids outside the vocabulary", param="prompt")
+    if body.suffix is not None:
+        if not isinstance(prompt, str):
+            raise APIError(400, "suffix needs a text prompt", param="suffix")
+        fim = state.tokenizer.fim_ids(prompt, body.suffix) if state.tokenizer else None
+        if fim is None:
+            raise APIError(400, f"model {state.client.model_name!r} has no fill-in-the-middle "
+                           "tokens; suffix is not supported", param="suffix")
+        return list(fim)
+    if isinstance(prompt, str) and not prompt:
+        raise APIError(400, "prompt is empty", param="prompt")
+    return prompt
+
+
+@router.post("/completions", summary="Text completion; `suffix` for fill-in-the-middle")
+async def completions(body: CompletionRequest, request: Request) -> Any:
+    state = _state(request)
+    check_model(state, body.model)
+    _check_common(body)
+    if body.echo:
+        raise APIError(400, "echo is not supported", param="echo")
+    if body.best_of not in (None, 1):
+        raise APIError(400, "best_of other than 1 is not supported", param="best_of")
+    prompt = _completion_prompt(state, body)
+    prompt_tokens = count_text_tokens(state, prompt)
+    max_tokens = fit_max_tokens(state, prompt_tokens, body.max_tokens, strict=True,
+                                prompt_param="prompt")
+    params = make_params(
+        max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p, seed=body.seed,
+        stop=stop_list(body.stop), presence_penalty=body.presence_penalty,
+        frequency_penalty=body.frequency_penalty, top_k=body.top_k, min_p=body.min_p,
+        repetition_penalty=body.repetition_penalty, logprobs=body.logprobs)
+    gen = await start_generation(state, "openai", prompt=prompt, params=params,
+                                 session_id=body.user)
+    cid = f"cmpl-{uuid.uuid4().hex}"
+    created = int(time.time())
+    if not body.stream:
+        return await _complete(state, gen, request, cid, created, body.model)
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+
+    async def events() -> AsyncIterator[str]:
+        last: StreamDelta | None = None
+        offset = 0
+        async for d in gen.deltas():
+            last = d
+            if d.finish_reason == "error":
+                yield _sse(error_body("/v1", 500, f"engine error: {d.error or 'unknown'}"))
+                break
+            if d.text or d.logprobs or d.finished:
+                logprobs, offset = _completion_logprobs(state, d, offset)
+                out = {"id": cid, "object": "text_completion", "created": created,
+                       "model": body.model,
+                       "choices": [{"index": 0, "text": d.text, "logprobs": logprobs,
+                                    "finish_reason": d.finish_reason if d.finished else None}]}
+                if include_usage:
+                    out["usage"] = None
+                yield _sse(out)
+        if include_usage and last is not None:
+            yield _sse({"id": cid, "object": "text_completion", "created": created,
+                        "model": body.model, "choices": [], "usage": _usage(last)})
+        yield "data: [DONE]\n\n"
+
+    return GenerationResponse(events(), gen, "text/event-stream")
+
+
+async def _complete(state: ServerState, gen: Generation, request: Request, cid: str,
+                    created: int, model: str) -> JSONResponse:
+    text, last, deltas = await gen.collect_until_disconnect(request)
+    if last.finish_reason == "error":
+        raise APIError(500, f"engine error: {last.error or 'unknown'}")
+    parts, offset = [], 0
+    for d in deltas:
+        part, offset = _completion_logprobs(state, d, offset)
+        parts.append(part)
+    return JSONResponse({"id": cid, "object": "text_completion", "created": created,
+                         "model": model,
+                         "choices": [{"index": 0, "text": text,
+                                      "logprobs": _merge_completion_logprobs(parts),
+                                      "finish_reason": last.finish_reason}],
+                         "usage": _usage(last)})
+
+
+__all__ = ["router", "served_names"]

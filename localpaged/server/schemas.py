@@ -1,0 +1,142 @@
+"""Request bodies. Unknown fields are ignored (plugins pass extra keys through); wrong types
+become 400s through the validation handler."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+# ---- OpenAI -------------------------------------------------------------------------------
+
+
+class ContentPart(_Body):
+    """One part of a multi-part message content; only `text` parts are supported."""
+
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(_Body):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+
+
+class _Sampling(_Body):
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    n: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    # vLLM's extensions, accepted as plugins that target vLLM send them.
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+
+
+class ChatCompletionRequest(_Sampling):
+    """POST /v1/chat/completions."""
+
+    model: str
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    tools: list[Any] | None = None
+    response_format: dict[str, Any] | None = None
+
+
+class CompletionRequest(_Sampling):
+    """POST /v1/completions; `suffix` asks for fill-in-the-middle."""
+
+    model: str
+    prompt: str | list[str] | list[int] | list[list[int]]
+    suffix: str | None = None
+    max_tokens: int | None = 16
+    logprobs: int | None = Field(None, ge=0, le=5)
+    echo: bool | None = None
+    best_of: int | None = None
+
+
+# ---- Ollama -------------------------------------------------------------------------------
+
+
+class OllamaOptions(_Body):
+    num_ctx: int | None = None
+    num_predict: int | None = None
+    stop: str | list[str] | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    repeat_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+
+
+KeepAlive = str | float | None
+
+
+class OllamaMessage(_Body):
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str | None = ""
+    images: list[str] | None = None
+
+
+class OllamaChatRequest(_Body):
+    """POST /api/chat."""
+
+    model: str
+    messages: list[OllamaMessage] = Field(default_factory=list)
+    stream: bool = True
+    format: str | dict[str, Any] | None = None
+    options: OllamaOptions | None = None
+    keep_alive: KeepAlive = None
+    tools: list[Any] | None = None
+
+
+class OllamaGenerateRequest(_Body):
+    """POST /api/generate; `suffix` asks for fill-in-the-middle, `raw` skips the template."""
+
+    model: str
+    prompt: str | None = ""
+    suffix: str | None = None
+    system: str | None = None
+    template: str | None = None
+    stream: bool = True
+    raw: bool = False
+    format: str | dict[str, Any] | None = None
+    options: OllamaOptions | None = None
+    keep_alive: KeepAlive = None
+    images: list[str] | None = None
+
+
+class OllamaModelRequest(_Body):
+    """/api/show and /api/pull name the model as `model` (or the older `name`)."""
+
+    model: str | None = None
+    name: str | None = None
+    stream: bool = True
+    verbose: bool | None = None
+    insecure: bool | None = None
+
+    @property
+    def model_name(self) -> str | None:
+        return self.model or self.name
