@@ -109,9 +109,9 @@ class DecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device | str):
         super().__init__()
-        self.embed_tokens = nn.Embedding(
-            config.vocab_size, config.hidden_size, dtype=dtype, device=device
-        )
+        # An explicit weight skips the random init (slow on the meta device).
+        weight = torch.empty(config.vocab_size, config.hidden_size, dtype=dtype, device=device)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, _weight=weight)
         self.layers = nn.ModuleList(
             DecoderLayer(config, dtype, device) for _ in range(config.num_layers)
         )

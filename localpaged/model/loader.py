@@ -124,9 +124,16 @@ def iter_safetensors(files: Iterable[Path]) -> Iterator[tuple[str, torch.Tensor]
 def load_model(
     path: str | Path, dtype: str | torch.dtype = "auto", device: torch.device | str = "cpu"
 ) -> tuple[LlamaForCausalLM, ModelConfig]:
-    """Load an HF folder: config.json + model.safetensors or sharded safetensors."""
-    folder = Path(path)
-    config = ModelConfig.from_pretrained(folder)
+    """Load an HF folder (config.json + model.safetensors or sharded safetensors) or a
+    .gguf file (through localpaged.model.gguf_loader)."""
+    path = Path(path)
+    if path.suffix == ".gguf":
+        from localpaged.model.gguf_loader import read_gguf
+
+        raw, weights = read_gguf(path)
+        config = ModelConfig.from_dict(raw)
+    else:
+        config = ModelConfig.from_pretrained(path)
+        weights = iter_safetensors(safetensors_files(path))  # lazy: read inside build_model
     torch_dtype = resolve_dtype(dtype, config, device)
-    weights = iter_safetensors(safetensors_files(folder))  # lazy: read inside build_model
     return build_model(config, weights, torch_dtype, device), config

@@ -34,3 +34,16 @@ def test_smollm_logits_match_hf(smollm_hf_dir: Path, step_builder, hf_logits) ->
     ref = hf_logits(smollm_hf_dir, ids)
     torch.testing.assert_close(torch.cat(got), ref, atol=2e-4, rtol=1e-4)
     assert got[-1][-1].argmax() == ref[-1].argmax()
+
+
+def test_smollm_gguf_loads_like_hf(smollm_gguf: Path, smollm_hf_dir: Path, step_builder,
+                                   hf_logits) -> None:
+    """load_model on the .gguf itself (dequantized by our GGUF reader) gives the logits of
+    transformers' own GGUF conversion."""
+    model, config = load_model(smollm_gguf)
+    assert config.architecture == "LlamaForCausalLM" and config.tie_word_embeddings
+    ids = Tokenizer.from_pretrained(smollm_hf_dir).encode("The capital of France is")
+    caches = model.allocate_kv_caches(2, 16)
+    positions, meta = step_builder([([1], 0, len(ids))], 16)
+    got = model.compute_logits(model(torch.tensor(ids), positions, caches, meta))
+    torch.testing.assert_close(got, hf_logits(smollm_hf_dir, ids), atol=2e-4, rtol=1e-4)
