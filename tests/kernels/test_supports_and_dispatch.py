@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -137,3 +141,20 @@ def test_ops_compose_like_the_model(device: str, dtype: torch.dtype,
     tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
     for a, b in zip(out, ref):
         torch.testing.assert_close(a, b, **tol)
+
+
+def test_package_imports_and_runs_without_triton() -> None:
+    """Where triton is missing (macOS) the kernels package imports and the torch path runs."""
+    code = (
+        "import sys; sys.modules['triton'] = None\n"
+        "import torch, localpaged.kernels as k\n"
+        "from localpaged.kernels._triton import HAS_TRITON\n"
+        "assert not HAS_TRITON\n"
+        "out, res = k.rms_norm(torch.ones(2, 8), torch.ones(8), 1e-6)\n"
+        "assert torch.allclose(out, torch.ones(2, 8), atol=1e-3)\n"
+        "k.check_supported(72, 12, torch.float32, 'cpu')\n"
+    )
+    env = {**os.environ, "LOCALPAGED_KERNELS": "auto"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
