@@ -55,12 +55,12 @@ def create_model(config: ModelConfig, dtype: torch.dtype) -> LlamaForCausalLM:
     The one place that decides dense vs quantized layers: the quant room replaces the
     branch below.
     """
+    model = LlamaForCausalLM(config, dtype, device="meta")
     if config.quantization_config is not None:
-        method = config.quantization_config.get("quant_method", "unknown")
-        raise ValueError(
-            f"AWQ/GPTQ checkpoints are not supported yet (quant_method={method!r})"
-        )
-    return LlamaForCausalLM(config, dtype, device="meta")
+        from localpaged.quant.loader import quantize_modules
+
+        quantize_modules(model, config.quantization_config)  # nn.Linear -> QuantLinear
+    return model
 
 
 def build_model(
@@ -72,6 +72,10 @@ def build_model(
     """A model whose parameters are filled from HF-named tensors, each checked for shape."""
     dtype = parse_dtype(dtype)
     model = create_model(config, dtype).materialize(device)
+    if config.quantization_config is not None:
+        from localpaged.quant.loader import load_quantized_weights
+
+        return load_quantized_weights(model, config.quantization_config, weights).eval()
     params = dict(model.named_parameters())  # tied lm_head appears once, as embed_tokens
     loaded: set[str] = set()
     for name, tensor in weights:

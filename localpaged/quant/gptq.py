@@ -1,0 +1,101 @@
+"""GPTQ (Frantar et al., 2022) for one linear layer: Hessian from calibration inputs, lazy
+block updates, optional act-order; scale/zero choice as AutoGPTQ's `Quantizer.find_params`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+MAXQ = 15
+
+
+@dataclass
+class QuantizedLayer:
+    """Result of quantizing `W[out, in]`: codes `[K, N]`, scales/zeros `[G, N]`, g_idx `[K]`."""
+
+    codes: torch.Tensor
+    scales: torch.Tensor
+    zeros: torch.Tensor
+    g_idx: torch.Tensor
+    group_size: int
+
+    def dequantize(self) -> torch.Tensor:
+        """`W[out, in]` in float32, exactly as a reader of the written checkpoint computes it
+        (scales rounded to float16 as stored)."""
+        s = self.scales.half().float()[self.g_idx]
+        z = self.zeros.float()[self.g_idx]
+        return ((self.codes.float() - z) * s).t().contiguous()
+
+
+def gptq_params(w: torch.Tensor, sym: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row (scale, integer zero) of `w [N, cols]`, as `Quantizer.find_params`: the range
+    always includes 0; sym puts the zero-point at 8."""
+    xmin = w.min(dim=1).values.clamp(max=0)
+    xmax = w.max(dim=1).values.clamp(min=0)
+    if sym:
+        xmax = torch.maximum(xmin.abs(), xmax)
+        xmin = torch.where(xmin < 0, -xmax, xmin)
+    both_zero = (xmin == 0) & (xmax == 0)
+    xmin = torch.where(both_zero, -1.0, xmin)
+    xmax = torch.where(both_zero, 1.0, xmax)
+    scale = ((xmax - xmin) / MAXQ).clamp(min=1e-6)
+    scale = scale.half().float()  # the checkpoint stores float16 scales: quantize against those
+    zero = torch.full_like(scale, (MAXQ + 1) / 2) if sym else torch.round(-xmin / scale)
+    return scale, zero.clamp(0, MAXQ)
+
+
+def _quantize(w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    q = torch.clamp(torch.round(w / scale) + zero, 0, MAXQ)
+    return q, scale * (q - zero)
+
+
+def gptq_quantize(
+    weight: torch.Tensor,
+    hessian: torch.Tensor,
+    group_size: int,
+    sym: bool = True,
+    act_order: bool = False,
+    damp_percent: float = 0.01,
+) -> QuantizedLayer:
+    """Quantize `weight [N, K]` given `hessian [K, K]` (sum of x x^T over calibration rows)."""
+    w = weight.detach().float().clone()
+    n, k = w.shape
+    gs = k if group_size == -1 else group_size
+    h = hessian.detach().float().clone()
+    dead = torch.diag(h) == 0
+    h[dead, dead] = 1
+    w[:, dead] = 0
+    perm = torch.argsort(torch.diag(h), descending=True) if act_order else torch.arange(k)
+    w, h = w[:, perm], h[perm][:, perm]
+    h += damp_percent * torch.mean(torch.diag(h)) * torch.eye(k)
+    hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
+
+    groups = -(-k // gs)
+    scales = torch.zeros(groups, n)
+    zeros = torch.zeros(groups, n)
+    codes = torch.zeros(k, n, dtype=torch.int32)  # processing order
+    block = gs * max(1, 128 // gs) if gs < k else 128
+    scale = zero = None
+    for i1 in range(0, k, block):
+        i2 = min(i1 + block, k)
+        w1 = w[:, i1:i2].clone()
+        err1 = torch.zeros_like(w1)
+        hinv1 = hinv[i1:i2, i1:i2]
+        for i in range(i2 - i1):
+            col = i1 + i
+            if col % gs == 0:  # a new group: its columns as updated so far
+                g_end = min(col + gs, k)
+                cols = w1[:, i : i + g_end - col] if g_end <= i2 else torch.cat(
+                    (w1[:, i:], w[:, i2:g_end]), dim=1)
+                scale, zero = gptq_params(cols, sym)
+                scales[col // gs], zeros[col // gs] = scale, zero
+            q, deq = _quantize(w1[:, i], scale, zero)
+            codes[col] = q.to(torch.int32)
+            err = (w1[:, i] - deq) / hinv1[i, i]
+            w1[:, i:] -= err.unsqueeze(1) @ hinv1[i, i:].unsqueeze(0)
+            err1[:, i] = err
+        w[:, i2:] -= err1 @ hinv[i1:i2, i2:]
+    invperm = torch.argsort(perm)
+    g_idx = (torch.arange(k) // gs)[invperm].to(torch.int32)
+    return QuantizedLayer(codes[invperm], scales, zeros.to(torch.int32), g_idx, gs)

@@ -1,0 +1,136 @@
+"""`QuantLinear`: a drop-in `nn.Linear` whose weight is 4-bit (`Int4Weight`), W4A16.
+
+Devices:
+* CUDA: the Triton W4A16 GEMM (`localpaged.quant.triton_w4a16`) on the internal layout.
+* CPU: torch's weight-only int4 matmul (`aten._weight_int4pack_mm_for_cpu`), converted once
+  at load (N % 16 == 0, K % 32 == 0, group size a multiple of 32). It runs in the
+  activations' dtype: bfloat16 is the fast path, float32 the exact one. Other shapes, and
+  `LOCALPAGED_INT4_CPU=dequant`, dequantize per call and use a dense matmul.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import nn
+
+from localpaged.quant.layout import Int4Weight
+
+CPU_GROUP_SIZES = (256, 128, 64, 32)  # what the CPU int4 op accepts
+
+
+def _cpu_int4_ok() -> bool:
+    return hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu") and (
+        os.environ.get("LOCALPAGED_INT4_CPU", "int4").lower() != "dequant"
+    )
+
+
+def cpu_subgroup(w: Int4Weight) -> int | None:
+    """The CPU op's group size for `w` (a divisor of its group size), or None if unsupported."""
+    k, n = w.in_features, w.out_features
+    if n % 16:
+        return None
+    for sub in CPU_GROUP_SIZES:
+        if w.group_size % sub == 0 and k % sub == 0:
+            return sub
+    return None
+
+
+def to_cpu_int4pack(w: Int4Weight, sub: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(packed uint8 `[N, K/2]`, scale-and-zero `[K/sub, N, 2]`) for the CPU int4 op, which
+    computes `(q - 8) * s + z`: so `z = (8 - zero) * s`."""
+    codes = w.codes().t().contiguous()  # [N, K]
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
+    g = (torch.arange(w.in_features // sub) * sub) // w.group_size
+    s, z = w.scales.float()[g], w.zeros.float()[g]
+    return packed, torch.stack((s, (8 - z) * s), dim=-1).to(dtype).contiguous()
+
+
+class QuantLinear(nn.Module):
+    """`y = x @ W.T + b` with W held as 4-bit codes and per-group scales / zero-points."""
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = False,
+        dtype: torch.dtype = torch.float16,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        super().__init__()
+        self.in_features, self.out_features, self.dtype = in_features, out_features, dtype
+        self.group_size = 0
+        self.cpu_group_size = 0
+        for name in ("qweight", "scales", "zeros", "perm", "cpu_packed", "cpu_scale_zeros"):
+            self.register_buffer(name, None)
+        self.register_buffer(
+            "bias", torch.zeros(out_features, dtype=dtype, device=device) if bias else None
+        )
+
+    @classmethod
+    def from_int4(
+        cls, w: Int4Weight, bias: torch.Tensor | None, dtype: torch.dtype, device: torch.device | str
+    ) -> QuantLinear:
+        """A layer holding `w` on `device`, computing in `dtype`."""
+        layer = cls(w.in_features, w.out_features, bias is not None, dtype, device)
+        layer.load(w, bias, device)
+        return layer
+
+    def load(
+        self, w: Int4Weight, bias: torch.Tensor | None = None, device: torch.device | str | None = None
+    ) -> None:
+        """Take `w` (and `bias`), converted for `device` (default: where `w` is)."""
+        if (w.in_features, w.out_features) != (self.in_features, self.out_features):
+            raise ValueError(
+                f"weight is [{w.out_features}, {w.in_features}], layer expects "
+                f"[{self.out_features}, {self.in_features}]"
+            )
+        device = torch.device(device) if device is not None else w.qweight.device
+        w = w.to(device, self.dtype)
+        self.group_size = w.group_size
+        self.perm = w.perm
+        sub = cpu_subgroup(w) if device.type == "cpu" and _cpu_int4_ok() else None
+        if sub is not None:
+            self.cpu_group_size = sub
+            self.cpu_packed, self.cpu_scale_zeros = to_cpu_int4pack(w, sub, self.dtype)
+            self.qweight = self.scales = self.zeros = None
+        else:
+            self.qweight, self.scales, self.zeros = w.qweight, w.scales, w.zeros
+        if bias is not None:
+            if self.bias is None:
+                raise ValueError("bias given for a layer built without one")
+            self.bias = bias.to(device=device, dtype=self.dtype)
+
+    def int4_weight(self) -> Int4Weight:
+        """The weight in the internal layout (not kept on the CPU int4 path)."""
+        if self.qweight is None:
+            raise RuntimeError("this layer keeps only the CPU int4 packing")
+        return Int4Weight(self.qweight, self.scales, self.zeros, self.group_size, self.perm)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, self.in_features)
+        if self.perm is not None:
+            x2 = x2.index_select(1, self.perm)
+        if self.cpu_packed is not None:
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(
+                x2.to(self.dtype).contiguous(), self.cpu_packed, self.cpu_group_size,
+                self.cpu_scale_zeros,
+            )
+        elif x2.is_cuda:
+            from localpaged.quant.triton_w4a16 import w4a16_matmul
+
+            y = w4a16_matmul(x2.to(self.dtype), self.qweight, self.scales, self.zeros, self.group_size)
+        else:
+            w = self.int4_weight()
+            w.perm = None  # x is already permuted
+            y = x2.to(self.dtype) @ w.dequantize(self.dtype).t()
+        if self.bias is not None:
+            y = y + self.bias
+        return y.to(x.dtype).reshape(*shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        path = "cpu-int4" if self.cpu_packed is not None else "int4"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"group_size={self.group_size}, act_order={self.perm is not None}, {path}")

@@ -1,0 +1,135 @@
+"""Load AWQ / GPTQ checkpoints into the model room's model: swap its `nn.Linear`s for
+`QuantLinear`s by name, then fill them from HF-named tensors (`<prefix>.qweight`, ...)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+from localpaged.quant.formats import QuantSpec, awq_to_int4, gptq_to_int4, parse_quant_config
+from localpaged.quant.linear import QuantLinear
+
+_QUANT_LEAVES = ("qweight", "qzeros", "scales", "g_idx", "bias")
+_REQUIRED = ("qweight", "qzeros", "scales")
+
+
+def quantized_linear_names(model: nn.Module, spec: QuantSpec) -> list[str]:
+    """Names of the `nn.Linear`s a checkpoint of `spec` stores quantized."""
+    names = []
+    for name, module in model.named_modules():
+        if not isinstance(module, nn.Linear):
+            continue
+        if name == "lm_head" and not spec.lm_head:
+            continue
+        if any(skip in name for skip in spec.modules_to_not_convert):
+            continue
+        names.append(name)
+    return names
+
+
+def quantize_modules(model: nn.Module, quantization_config: dict[str, Any]) -> list[str]:
+    """Replace the quantized `nn.Linear`s of `model` (usually on the meta device) with empty
+    `QuantLinear`s of the same shape, dtype and device. Returns their names."""
+    spec = parse_quant_config(quantization_config)
+    names = quantized_linear_names(model, spec)
+    for name in names:
+        linear = model.get_submodule(name)
+        parent, _, leaf = name.rpartition(".")
+        layer = QuantLinear(
+            linear.in_features, linear.out_features, linear.bias is not None,
+            linear.weight.dtype, linear.weight.device,
+        )
+        setattr(model.get_submodule(parent) if parent else model, leaf, layer)
+    return names
+
+
+def _finish(
+    model: nn.Module, prefix: str, tensors: dict[str, torch.Tensor], spec: QuantSpec, device: torch.device
+) -> None:
+    layer: QuantLinear = model.get_submodule(prefix)
+    to_int4 = gptq_to_int4 if spec.method == "gptq" else awq_to_int4
+    w = to_int4(prefix, tensors, spec, layer.in_features, layer.out_features)
+    layer.load(w, None, device)
+    if "bias" in tensors:
+        _load_bias(layer, prefix, tensors["bias"])
+
+
+def _load_bias(layer: QuantLinear, prefix: str, bias: torch.Tensor) -> None:
+    name = f"{prefix}.bias"
+    if tuple(bias.shape) != (layer.out_features,):
+        raise ValueError(f"tensor {name!r}: expected shape {(layer.out_features,)}, found {tuple(bias.shape)}")
+    if layer.bias is None:
+        if bool(bias.any()):  # AutoGPTQ writes all-zero biases for bias-free layers: skip those
+            raise ValueError(f"tensor {name!r} is non-zero but the model's layer has no bias")
+        return
+    with torch.no_grad():
+        layer.bias.copy_(bias)
+
+
+def load_quantized_weights(
+    model: nn.Module, quantization_config: dict[str, Any], weights: Iterable[tuple[str, torch.Tensor]]
+) -> nn.Module:
+    """Fill a materialized model whose linears `quantize_modules` replaced, checking every
+    tensor's presence and shape."""
+    spec = parse_quant_config(quantization_config)
+    targets = {n for n, m in model.named_modules() if isinstance(m, QuantLinear)}
+    params = dict(model.named_parameters())
+    device = next(iter(params.values())).device
+    tied = getattr(getattr(model, "config", None), "tie_word_embeddings", False)
+    pending: dict[str, dict[str, torch.Tensor]] = {}
+    done: set[str] = set()
+    loaded: set[str] = set()
+    for name, tensor in weights:
+        prefix, _, leaf = name.rpartition(".")
+        if name.endswith("rotary_emb.inv_freq") or (name == "lm_head.weight" and tied):
+            continue
+        if prefix in targets:
+            if leaf not in _QUANT_LEAVES:
+                raise ValueError(f"unexpected tensor {name!r} for quantized layer {prefix!r} "
+                                 f"(expected {', '.join(_QUANT_LEAVES)})")
+            if prefix in done:
+                if leaf != "bias":
+                    raise ValueError(f"tensor {name!r} appears twice")
+                _load_bias(model.get_submodule(prefix), prefix, tensor)
+                continue
+            pending.setdefault(prefix, {})[leaf] = tensor
+            got = pending[prefix]
+            if all(k in got for k in _REQUIRED) and (spec.method == "awq" or "g_idx" in got):
+                _finish(model, prefix, pending.pop(prefix), spec, device)
+                done.add(prefix)
+            continue
+        param = params.get(name)
+        if param is None:
+            raise ValueError(f"unexpected tensor {name!r} (shape {tuple(tensor.shape)})")
+        if tuple(param.shape) != tuple(tensor.shape):
+            raise ValueError(f"tensor {name!r}: expected shape {tuple(param.shape)}, "
+                             f"found {tuple(tensor.shape)}")
+        with torch.no_grad():
+            param.copy_(tensor)
+        loaded.add(name)
+    for prefix, got in pending.items():
+        missing = [k for k in _REQUIRED if k not in got]
+        if missing:
+            layer = model.get_submodule(prefix)
+            raise ValueError(_missing_message(prefix, missing[0], layer, spec))
+        _finish(model, prefix, got, spec, device)
+        done.add(prefix)
+    for prefix in sorted(targets - done):
+        raise ValueError(_missing_message(prefix, "qweight", model.get_submodule(prefix), spec))
+    for name in params:
+        if name not in loaded:
+            raise ValueError(f"tensor {name!r} is missing: expected shape {tuple(params[name].shape)}")
+    return model
+
+
+def _missing_message(prefix: str, leaf: str, layer: QuantLinear, spec: QuantSpec) -> str:
+    k, n = layer.in_features, layer.out_features
+    groups = -(-k // (k if spec.group_size == -1 else spec.group_size))
+    if spec.method == "gptq":
+        shapes = {"qweight": (k // 8, n), "qzeros": (groups, n // 8), "scales": (groups, n)}
+    else:
+        shapes = {"qweight": (k, n // 8), "qzeros": (groups, n // 8), "scales": (groups, n)}
+    return f"tensor '{prefix}.{leaf}' is missing: expected shape {shapes[leaf]}"
