@@ -41,6 +41,7 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
     quantization_config: dict[str, Any] | None = None
+    sliding_window: int | None = None  # read, not applied: attention here is full causal
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -92,6 +93,7 @@ class ModelConfig:
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_id=cfg.get("eos_token_id"),
             quantization_config=cfg.get("quantization_config"),
+            sliding_window=_sliding_window(cfg, arch),
             raw=dict(cfg),
         )
 
@@ -100,6 +102,14 @@ class ModelConfig:
         """Read `folder/config.json`."""
         with open(Path(folder) / "config.json", encoding="utf-8") as f:
             return cls.from_dict(json.load(f))
+
+
+def _sliding_window(cfg: dict[str, Any], arch: str) -> int | None:
+    """Mistral's window, or Qwen2's when use_sliding_window is on; None otherwise."""
+    window = cfg.get("sliding_window")
+    if arch == "Qwen2ForCausalLM" and not cfg.get("use_sliding_window", False):
+        return None
+    return int(window) if window else None
 
 
 def _arch_from_model_type(model_type: str | None) -> str:

@@ -75,6 +75,15 @@ def test_config_rope_scaling_styles_agree() -> None:
     assert v5.rope_scaling == LLAMA3
 
 
+def test_config_sliding_window() -> None:
+    base = _hf_config().to_dict()
+    mistral = base | {"architectures": ["MistralForCausalLM"], "sliding_window": 4096}
+    assert ModelConfig.from_dict(mistral).sliding_window == 4096
+    qwen = base | {"architectures": ["Qwen2ForCausalLM"], "sliding_window": 4096}
+    assert ModelConfig.from_dict(qwen).sliding_window is None  # use_sliding_window is off
+    assert ModelConfig.from_dict(qwen | {"use_sliding_window": True}).sliding_window == 4096
+
+
 def test_config_rejects_other_architectures() -> None:
     raw = _hf_config().to_dict() | {"architectures": ["GPT2LMHeadModel"]}
     with pytest.raises(ValueError, match=r"GPT2LMHeadModel.*LlamaForCausalLM"):

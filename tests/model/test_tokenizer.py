@@ -125,6 +125,40 @@ def test_next_turn_chain_keeps_every_prefix(qwen: Tokenizer) -> None:
         assert qwen.decode(ids, False) == qwen.render_chat(messages)
 
 
+TRIM_TEMPLATE = (  # Llama 3 style: contents are trimmed, each turn ends in the eos
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n\n' + m['content'] | trim"
+    " + '<|im_end|>' }}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\n\n' }}{% endif %}"
+)
+
+
+def test_next_turn_with_trimming_template(hf_tokenizers) -> None:
+    """The answer's trailing whitespace is trimmed by the template: its eos is still not
+    written twice."""
+    tok = Tokenizer(hf_tokenizers["qwen"])
+    tok.chat_template = TRIM_TEMPLATE
+    history = [CHAT[1]]
+    history_ids = tok.apply_chat_template(history) + tok.encode("Paris.\n") + [
+        tok.eos_token_ids[0]]
+    history.append({"role": "assistant", "content": "Paris.\n"})
+    new = [{"role": "user", "content": "Thanks"}]
+    got = tok.next_turn_ids(history_ids, history, new)
+    assert got[: len(history_ids)] == history_ids
+    assert tok.decode(got[len(history_ids) :], False) == (
+        "<|im_start|>user\n\nThanks<|im_end|><|im_start|>assistant\n\n")
+
+
+def test_eos_ids_from_folder(hf_tokenizers, tmp_path: Path) -> None:
+    """eos ids: the tokenizer's, then generation_config.json's list, then config.json's."""
+    hf_tokenizers["qwen"].save_pretrained(tmp_path)
+    (tmp_path / "generation_config.json").write_text('{"eos_token_id": [5, 2]}')
+    (tmp_path / "config.json").write_text('{"eos_token_id": 7}')
+    tok = Tokenizer.from_pretrained(tmp_path)
+    assert tok.eos_token_ids == (2, 5, 7)
+    assert tok.apply_chat_template(CHAT) == Tokenizer(hf_tokenizers["qwen"]).apply_chat_template(
+        CHAT)
+
+
 def test_fim_ids(qwen: Tokenizer, starcoder: Tokenizer, mistral: Tokenizer) -> None:
     v = qwen.hf.get_vocab()
     ids = qwen.fim_ids("def add(a, b):\n    return ", "\n\nprint(add(1, 2))")
