@@ -1,0 +1,300 @@
+"""Read GGUF files (llama.cpp's format) into an HF-style config and HF-named tensors.
+
+Weights are dequantized to float32 at load for now; Q4_0/Q4_1 map exactly onto the packed
+int4 + per-group scale/offset layout of `localpaged.quant`, which can take `GGUFFile.raw_tensors`
+once it lands. Tokenizer, special tokens and chat template come from the GGUF metadata.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+if TYPE_CHECKING:
+    from gguf import GGUFReader
+
+# GGUF architecture -> (HF architectures entry, HF model_type)
+_ARCHS = {
+    "llama": ("LlamaForCausalLM", "llama"),
+    "mistral": ("MistralForCausalLM", "mistral"),
+    "qwen2": ("Qwen2ForCausalLM", "qwen2"),
+}
+# The ones llama.cpp's converter permutes q/k rows for (interleaved rotary -> half split).
+_PERMUTED_ARCHS = {"llama", "mistral"}
+
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_TOP_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+# Tensors that carry no HF weight (llama3 rope frequency factors are rebuilt from config).
+_SKIPPED = {"rope_freqs.weight"}
+_BIG_FIELDS = {f"tokenizer.ggml.{k}" for k in ("tokens", "scores", "token_type", "merges")}
+
+SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
+
+
+def hf_tensor_name(gguf_name: str) -> str | None:
+    """The HF (LlamaForCausalLM-style) name of a GGUF tensor, or None if it has none."""
+    if gguf_name in _TOP_NAMES:
+        return _TOP_NAMES[gguf_name]
+    m = _BLOCK_RE.fullmatch(gguf_name)
+    if m and m.group(2) in _LAYER_NAMES:
+        return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}.{m.group(3)}"
+    return None
+
+
+def unpermute_rotary(weight: np.ndarray, n_heads: int) -> np.ndarray:
+    """Undo llama.cpp's q/k row permutation (its `permute()` in convert_hf_to_gguf.py).
+
+    llama.cpp stores each head's rows interleaved as pairs (x0, x_half, x1, x_half+1, ...) for
+    its GPT-J-style rotary; HF's rotate_half wants the two halves apart."""
+    rows = weight.shape[0]
+    head_dim = rows // n_heads
+    w = weight.reshape(n_heads, head_dim // 2, 2, *weight.shape[1:])
+    return np.ascontiguousarray(w.swapaxes(1, 2).reshape(weight.shape))
+
+
+@dataclass
+class RawTensor:
+    """One GGUF tensor as stored: HF name, GGML type name, HF shape and its bytes or values."""
+
+    name: str
+    gguf_name: str
+    type_name: str
+    shape: tuple[int, ...]
+    data: np.ndarray
+
+
+class GGUFFile:
+    """An opened GGUF file, validated up front so that later reads cannot run off its end."""
+
+    def __init__(self, path: str | Path) -> None:
+        from gguf import GGUFReader
+
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise FileNotFoundError(f"{self.path}: no such GGUF file")
+        size = self.path.stat().st_size
+        with open(self.path, "rb") as f:
+            magic = f.read(4)
+        if magic != b"GGUF":
+            raise ValueError(f"{self.path}: not a GGUF file (magic {magic!r}, expected b'GGUF')")
+        try:
+            self.reader: GGUFReader = GGUFReader(self.path)
+        except Exception as exc:  # the reader fails deep in numpy/struct on a damaged header
+            raise ValueError(
+                f"{self.path}: truncated or corrupt GGUF file ({type(exc).__name__}: {exc}); "
+                "download it again"
+            ) from None
+        for t in self.reader.tensors:
+            end = int(t.data_offset) + int(t.n_bytes)
+            if end > size or t.data.nbytes != int(t.n_bytes):
+                raise ValueError(
+                    f"{self.path}: truncated GGUF file: tensor {t.name} needs bytes up to {end} "
+                    f"but the file has {size}; download it again"
+                )
+        self.metadata: dict[str, Any] = {}
+        for key, field in self.reader.fields.items():
+            if key.startswith("GGUF.") or key in _BIG_FIELDS:
+                continue  # the vocabulary arrays are read by the tokenizer converter
+            try:
+                self.metadata[key] = field.contents()
+            except Exception as exc:
+                raise ValueError(f"{self.path}: corrupt GGUF metadata field {key}: {exc}") from None
+
+    @property
+    def architecture(self) -> str:
+        arch = self.metadata.get("general.architecture")
+        if not isinstance(arch, str):
+            raise ValueError(f"{self.path}: GGUF metadata has no general.architecture")
+        return arch
+
+    def arch_key(self, suffix: str, default: Any = None) -> Any:
+        """The `<architecture>.<suffix>` metadata value."""
+        return self.metadata.get(f"{self.architecture}.{suffix}", default)
+
+    def _int(self, suffix: str, default: int | None = None) -> int:
+        value = self.arch_key(suffix, default)
+        if value is None:
+            raise ValueError(f"{self.path}: GGUF metadata lacks {self.architecture}.{suffix}")
+        try:
+            number = int(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{self.path}: GGUF metadata {self.architecture}.{suffix} = "
+                             f"{value!r} is not a number") from None
+        if number <= 0:
+            raise ValueError(f"{self.path}: GGUF metadata {self.architecture}.{suffix} = {number}")
+        return number
+
+    def hf_config(self) -> dict[str, Any]:
+        """An HF config.json-style dict for this model."""
+        try:
+            return self._hf_config()
+        except ValueError:
+            raise
+        except Exception as exc:  # odd metadata types in a damaged file
+            raise ValueError(f"{self.path}: corrupt GGUF metadata ({type(exc).__name__}: {exc})") from None
+
+    def _hf_config(self) -> dict[str, Any]:
+        arch = self.architecture
+        if arch not in _ARCHS:
+            raise ValueError(
+                f"{self.path}: GGUF architecture {arch!r} is not supported "
+                f"(supported: {', '.join(sorted(_ARCHS))})"
+            )
+        name = str(self.metadata.get("general.name", "")).lower()
+        hf_arch, model_type = _ARCHS["mistral" if arch == "llama" and "mistral" in name else arch]
+        names = {t.name for t in self.reader.tensors}
+        if "token_embd.weight" not in names:
+            raise ValueError(f"{self.path}: GGUF file has no token_embd.weight tensor")
+        n_heads = self._int("attention.head_count")
+        hidden = self._int("embedding_length")
+        head_dim = self._int("attention.key_length", self.arch_key("rope.dimension_count")
+                             or hidden // n_heads)
+        tokens = self.reader.fields.get("tokenizer.ggml.tokens")
+        embd = next(t for t in self.reader.tensors if t.name == "token_embd.weight")
+        vocab = self._int("vocab_size", len(tokens.data) if tokens else int(embd.shape[-1]))
+        config: dict[str, Any] = {
+            "architectures": [hf_arch],
+            "model_type": model_type,
+            "hidden_size": hidden,
+            "intermediate_size": self._int("feed_forward_length"),
+            "num_hidden_layers": self._int("block_count"),
+            "num_attention_heads": n_heads,
+            "num_key_value_heads": self._int("attention.head_count_kv", n_heads),
+            "head_dim": head_dim,
+            "max_position_embeddings": self._int("context_length", 2048),
+            "rms_norm_eps": float(self.arch_key("attention.layer_norm_rms_epsilon") or 1e-6),
+            "rope_theta": float(self.arch_key("rope.freq_base") or 10000.0),
+            "vocab_size": vocab,
+            "hidden_act": "silu",
+            "tie_word_embeddings": "output.weight" not in names,
+            "attention_bias": "blk.0.attn_q.bias" in names,
+            "torch_dtype": "float32",
+        }
+        scaling = self.arch_key("rope.scaling.type")
+        factor = self.arch_key("rope.scaling.factor")
+        if scaling in ("linear", "yarn") and factor:
+            config["rope_scaling"] = {"rope_type": scaling, "factor": float(factor)}
+        for key in ("bos", "eos", "padding"):
+            value = self.metadata.get(f"tokenizer.ggml.{key}_token_id")
+            if value is not None:
+                config["pad_token_id" if key == "padding" else f"{key}_token_id"] = int(value)
+        return config
+
+    def raw_tensors(self) -> Iterator[RawTensor]:
+        """Every weight tensor as stored (quantized bytes stay bytes), with its HF name."""
+        for t in self.reader.tensors:
+            if t.name in _SKIPPED:
+                continue
+            hf = hf_tensor_name(t.name)
+            if hf is None:
+                raise ValueError(f"{self.path}: unexpected tensor {t.name!r} in GGUF file")
+            shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+            yield RawTensor(hf, t.name, t.tensor_type.name, shape, t.data)
+
+    def weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """HF-named float32 tensors, dequantized and with llama.cpp's q/k permutation undone."""
+        from gguf import GGMLQuantizationType
+        from gguf.quants import dequantize
+
+        config = self.hf_config()
+        permute = self.architecture in _PERMUTED_ARCHS
+        for raw in self.raw_tensors():
+            if raw.type_name not in SUPPORTED_TYPES:
+                raise ValueError(
+                    f"{self.path}: tensor {raw.gguf_name} has GGML type {raw.type_name}; "
+                    f"supported: {', '.join(SUPPORTED_TYPES)}"
+                )
+            qtype = GGMLQuantizationType[raw.type_name]
+            try:
+                values = dequantize(np.asarray(raw.data), qtype).astype(np.float32, copy=False)
+                values = values.reshape(raw.shape)
+            except Exception as exc:
+                raise ValueError(
+                    f"{self.path}: cannot read tensor {raw.gguf_name} ({raw.type_name}): {exc}"
+                ) from None
+            if permute and ".attn_q." in raw.gguf_name:
+                values = unpermute_rotary(values, config["num_attention_heads"])
+            elif permute and ".attn_k." in raw.gguf_name:
+                values = unpermute_rotary(values, config["num_key_value_heads"])
+            yield raw.name, torch.from_numpy(np.array(values, dtype=np.float32, copy=True))
+
+    @property
+    def chat_template(self) -> str | None:
+        value = self.metadata.get("tokenizer.chat_template")
+        return value if isinstance(value, str) else None
+
+    @property
+    def quantization(self) -> str:
+        """The most common weight type of the 2-D tensors, e.g. "Q4_1"."""
+        counts: dict[str, int] = {}
+        for t in self.reader.tensors:
+            if len(t.shape) == 2:
+                counts[t.tensor_type.name] = counts.get(t.tensor_type.name, 0) + 1
+        return max(counts, key=lambda k: counts[k]) if counts else "F32"
+
+    @property
+    def parameter_count(self) -> int:
+        return sum(int(t.n_elements) for t in self.reader.tensors if t.name not in _SKIPPED)
+
+
+def read_gguf(path: str | Path) -> tuple[dict[str, Any], Iterator[tuple[str, torch.Tensor]]]:
+    """An HF-style config dict and an iterator of HF-named float32 weights from a GGUF file.
+
+    Raises ValueError naming the file when it is truncated, corrupt or unsupported."""
+    gguf_file = GGUFFile(path)
+    return gguf_file.hf_config(), gguf_file.weights()
+
+
+def hf_tokenizer_from_gguf(path: str | Path) -> Any:
+    """A transformers fast tokenizer built from the GGUF metadata (vocab, merges, specials,
+    chat template)."""
+    from transformers import AutoTokenizer
+
+    gguf_file = GGUFFile(path)  # validates the file and names it in errors
+    try:
+        tok = AutoTokenizer.from_pretrained(str(gguf_file.path.parent), gguf_file=gguf_file.path.name)
+    except Exception as exc:
+        raise ValueError(f"{gguf_file.path}: cannot build a tokenizer from GGUF metadata: {exc}") from exc
+    template = gguf_file.chat_template
+    if template and not getattr(tok, "chat_template", None):
+        tok.chat_template = template
+    return tok
+
+
+def gguf_eos_token_ids(path: str | Path) -> list[int]:
+    """The end-of-sequence token ids named in the GGUF metadata (eos, then eot/eom if any)."""
+    meta = GGUFFile(path).metadata
+    ids: list[int] = []
+    for key in ("eos", "eot", "eom"):
+        value = meta.get(f"tokenizer.ggml.{key}_token_id")
+        if value is not None and int(value) not in ids:
+            ids.append(int(value))
+    return ids
+
+
+def tokenizer_from_gguf(path: str | Path) -> Any:
+    """`localpaged.model.tokenizer.Tokenizer` from the GGUF metadata."""
+    from localpaged.model.tokenizer import Tokenizer
+
+    return Tokenizer(hf_tokenizer_from_gguf(path), eos_token_ids=gguf_eos_token_ids(path))

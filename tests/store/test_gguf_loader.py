@@ -1,0 +1,165 @@
+"""The GGUF reader: HF config and HF-named weights from GGUF files, against the weights that
+went in (small files written like llama.cpp writes them) and against transformers on the real
+SmolLM2-135M file. Damaged files give a ValueError naming the file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from ggufmaker import HEADS, KV_HEADS, TEMPLATE, tiny_hf_weights, write_tiny_gguf
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from localpaged.model.gguf_loader import GGUFFile, read_gguf, unpermute_rotary
+
+# Largest error per weight, as a fraction of the largest |value| in its 32-value block.
+TOLERANCE = {"F32": 0.0, "F16": 1e-3, "BF16": 8e-3, "Q8_0": 1 / 127, "Q4_0": 1 / 8, "Q4_1": 1 / 14}
+
+
+@pytest.mark.parametrize("qtype", list(TOLERANCE))
+def test_weights_round_trip_within_quantization_error(tmp_path, qtype):
+    ref = tiny_hf_weights()
+    _config, weights = read_gguf(write_tiny_gguf(tmp_path / f"t-{qtype}.gguf", qtype))
+    got = dict(weights)
+    assert set(got) == set(ref)
+    for name, want in ref.items():
+        have = got[name].numpy()
+        assert got[name].dtype == torch.float32 and have.shape == want.shape, name
+        if want.ndim == 1:
+            np.testing.assert_array_equal(have, want)  # norms stay F32
+            continue
+        blocks = np.abs(want).reshape(want.shape[0], -1, 32).max(axis=-1, keepdims=True)
+        err = np.abs(have - want).reshape(want.shape[0], -1, 32)
+        assert (err <= TOLERANCE[qtype] * blocks + 1e-7).all(), (name, float(err.max()))
+
+
+def test_config_from_metadata(tmp_path):
+    path = write_tiny_gguf(tmp_path / "t.gguf", "Q8_0", tie=True)
+    config, weights = read_gguf(path)
+    assert config["architectures"] == ["LlamaForCausalLM"]
+    assert (config["hidden_size"], config["num_attention_heads"], config["num_key_value_heads"],
+            config["head_dim"], config["intermediate_size"], config["num_hidden_layers"]) == (
+        64, HEADS, KV_HEADS, 16, 128, 1)
+    assert config["rope_theta"] == 10000.0 and config["max_position_embeddings"] == 256
+    assert config["tie_word_embeddings"] is True and config["vocab_size"] == 64
+    assert (config["bos_token_id"], config["eos_token_id"]) == (1, 2)
+    assert "lm_head.weight" not in dict(weights)
+    gguf = GGUFFile(path)
+    assert gguf.chat_template == TEMPLATE and gguf.quantization == "Q8_0"
+
+
+def test_unpermute_inverts_llama_cpp_permutation():
+    from ggufmaker import llama_cpp_permute
+
+    w = np.arange(8 * 16 * 3, dtype=np.float32).reshape(8 * 16, 3)
+    for heads in (1, 2, 8):
+        np.testing.assert_array_equal(unpermute_rotary(llama_cpp_permute(w, heads), heads), w)
+
+
+@pytest.mark.smollm
+def test_real_smollm_matches_transformers(smollm_gguf, smollm_hf_dir):
+    """Our weights equal the state dict transformers loads from the same GGUF
+    (`smollm_hf_dir` is that model, saved by transformers)."""
+    from safetensors.torch import load_file
+
+    config, weights = read_gguf(smollm_gguf)
+    ref = load_file(str(smollm_hf_dir / "model.safetensors"))
+    seen = set()
+    for name, tensor in weights:
+        seen.add(name)
+        torch.testing.assert_close(tensor, ref[name].float(), rtol=0, atol=1e-6, msg=name)
+    assert seen == set(ref) - {"lm_head.weight"}  # tied to the embedding
+    import json
+
+    hf = json.loads((smollm_hf_dir / "config.json").read_text())
+    for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                "intermediate_size", "vocab_size", "tie_word_embeddings", "max_position_embeddings"):
+        assert config[key] == hf[key], key
+    assert config["rope_theta"] == 100000.0 and config["eos_token_id"] == 2
+
+
+@pytest.mark.smollm
+def test_real_smollm_tokenizer_and_template(smollm_gguf, smollm_hf_dir):
+    from transformers import AutoTokenizer
+
+    from localpaged.model.gguf_loader import gguf_eos_token_ids, hf_tokenizer_from_gguf
+
+    ours = hf_tokenizer_from_gguf(smollm_gguf)
+    ref = AutoTokenizer.from_pretrained(smollm_hf_dir)
+    text = "What is the capital of France? Paris, naturally."
+    assert ours(text)["input_ids"] == ref(text)["input_ids"]
+    chat = [{"role": "user", "content": "What is the capital of France?"}]
+    rendered = ours.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    assert rendered.endswith("<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"
+                             "<|im_start|>assistant\n")
+    assert gguf_eos_token_ids(smollm_gguf) == [2] and ours.convert_ids_to_tokens(2) == "<|im_end|>"
+
+
+@pytest.mark.smollm
+def test_tokenizer_from_gguf_wraps_in_project_tokenizer(smollm_gguf):
+    pytest.importorskip("localpaged.model.tokenizer")
+    from localpaged.model.gguf_loader import tokenizer_from_gguf
+
+    tok = tokenizer_from_gguf(smollm_gguf)
+    assert 2 in tok.eos_token_ids
+
+
+@pytest.mark.smollm
+def test_truncated_real_file_names_the_file(smollm_gguf, tmp_path):
+    cut = tmp_path / "cut.gguf"
+    with open(smollm_gguf, "rb") as src, open(cut, "wb") as dst:
+        dst.write(src.read(50_000_000))
+    with pytest.raises(ValueError, match=r"cut\.gguf.*truncated"):
+        read_gguf(cut)
+
+
+def test_not_a_gguf_file(tmp_path):
+    bad = tmp_path / "model.gguf"
+    bad.write_bytes(b"PK\x03\x04 a zip, not a gguf")
+    with pytest.raises(ValueError, match=r"model\.gguf: not a GGUF file"):
+        read_gguf(bad)
+
+
+_TINY: list[bytes] = []
+
+
+def tiny_bytes() -> bytes:
+    """A small Q4_0 GGUF file's bytes (written once per session)."""
+    if not _TINY:
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as d:
+            _TINY.append(write_tiny_gguf(Path(d) / "t.gguf", "Q4_0").read_bytes())
+    return _TINY[0]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.data())
+def test_truncated_anywhere_gives_value_error_naming_file(tmp_path, data):
+    end = data.draw(st.integers(0, len(tiny_bytes()) - 1))
+    path = tmp_path / "broken.gguf"
+    path.write_bytes(tiny_bytes()[:end])
+    with pytest.raises(ValueError, match=r"broken\.gguf"):
+        _config, weights = read_gguf(path)
+        list(weights)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.data())
+def test_corrupt_bytes_never_crash_outside_value_error(tmp_path, data):
+    """Changing header bytes either still reads or fails with a ValueError naming the file."""
+    buf = bytearray(tiny_bytes())
+    for _ in range(data.draw(st.integers(1, 4))):
+        i = data.draw(st.integers(0, 2000))  # header, metadata and tensor infos
+        buf[i] = data.draw(st.integers(0, 255))
+    path = tmp_path / "corrupt.gguf"
+    path.write_bytes(bytes(buf))
+    try:
+        _config, weights = read_gguf(path)
+        for _name, _tensor in weights:
+            pass
+    except ValueError as exc:
+        assert "corrupt.gguf" in str(exc)
