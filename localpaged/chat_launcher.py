@@ -1,0 +1,143 @@
+"""`localpaged chat`: choose the engine client, then run the Textual app.
+
+- `--remote URL`: an OpenAI-compatible server (RemoteClient).
+- A localpaged server already answering on `--port` (and no `--local`/`--serve`): attach to
+  it, as Ollama's CLI does, so terminals and editors share one model.
+- Otherwise the in-process engine (LocalClient), loaded by the app in a thread with progress
+  (the default model is pulled on first use); `--serve` also serves the localhost API from it.
+
+This module sits outside `localpaged.tui` and `localpaged.server` so that neither imports the
+other; it reaches the server through importlib.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from localpaged.engine.client import EngineClient
+
+DEFAULT_MODEL = "smollm2:135m"
+LOCALHOST = "127.0.0.1"
+
+
+def engine_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The `LocalClient.from_model` keyword arguments given on the command line."""
+    keys = ("dtype", "device", "max_model_len", "kv_cache_gb")
+    return {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
+
+
+def server_running(port: int, host: str = LOCALHOST, timeout: float = 0.5) -> bool:
+    """Whether a localpaged (or any OpenAI-compatible) server answers on host:port."""
+    try:
+        resp = httpx.get(f"http://{host}:{port}/v1/models", timeout=timeout)
+    except httpx.HTTPError:
+        return False
+    return resp.status_code == 200
+
+
+def make_loader(kwargs: dict[str, Any],
+                on_loaded: Callable[[EngineClient], None] | None = None
+                ) -> Callable[[str, Callable[[str], None]], EngineClient]:
+    """A function that builds a LocalClient for a model name (pulling it first if needed)."""
+
+    def load(model: str, progress: Callable[[str], None]) -> EngineClient:
+        from localpaged.engine.async_engine import LocalClient
+
+        _pull_if_needed(model, progress)
+        progress(f"loading {model}…")
+        client = LocalClient.from_model(model, **kwargs)
+        if on_loaded is not None:
+            on_loaded(client)
+        return client
+
+    return load
+
+
+def _pull_if_needed(model: str, progress: Callable[[str], None]) -> None:
+    """Pull a catalog model not on disk yet, reporting progress (paths are used as they are)."""
+    if Path(model).expanduser().exists():
+        return
+    try:
+        store = importlib.import_module("localpaged.store")
+    except ImportError:
+        return
+    pulled = getattr(store, "list_pulled", None)
+    pull = getattr(store, "pull", None)
+    if pulled is None or pull is None:
+        return
+    if model in {_name(m) for m in pulled()}:
+        return
+
+    def report(event: Any) -> None:
+        progress(f"pulling {model}: {_progress_text(event)}")
+
+    progress(f"pulling {model}…")
+    pull(model, progress=report)
+
+
+def _progress_text(event: Any) -> str:
+    """`PullProgress` as text: status, and the share done when the total is known."""
+    status = str(getattr(event, "status", event))
+    done, total = getattr(event, "completed", 0), getattr(event, "total", 0)
+    return f"{status} {done / total:.0%}" if total else status
+
+
+def _name(entry: Any) -> str:
+    return str(getattr(entry, "name", entry))
+
+
+def list_pulled_models() -> list[str]:
+    """Names of pulled models for the command palette (empty if the store is unavailable)."""
+    try:
+        store = importlib.import_module("localpaged.store")
+        return sorted(_name(m) for m in store.list_pulled())
+    except (ImportError, AttributeError):
+        return []
+
+
+def start_server(port: int) -> Callable[[EngineClient], None]:
+    """`--serve`: serve the localhost API from the first loaded client."""
+    started: list[bool] = []
+
+    def serve(client: EngineClient) -> None:
+        if started:
+            return
+        server = importlib.import_module("localpaged.server.app")
+        server.serve_in_background(client, LOCALHOST, port)
+        started.append(True)
+
+    return serve
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run `localpaged chat` with parsed arguments."""
+    from localpaged.engine.remote import RemoteClient
+    from localpaged.tui.app import ChatApp
+    from localpaged.tui.history import History
+
+    history = History.in_data_dir()
+    model = getattr(args, "model", None)
+    port = int(getattr(args, "port", 11435))
+    api_key = os.environ.get("LOCALPAGED_API_KEY") or os.environ.get("OPENAI_API_KEY")
+    if args.remote:
+        app = ChatApp(history, client=RemoteClient(args.remote, api_key=api_key, model=model))
+    elif not args.local and not args.serve and server_running(port):
+        url = f"http://{LOCALHOST}:{port}/v1"
+        app = ChatApp(history, client=RemoteClient(url, model=model))
+    else:
+        on_loaded = start_server(port) if args.serve else None
+        app = ChatApp(history, model=model or DEFAULT_MODEL,
+                      loader=make_loader(engine_args(args), on_loaded),
+                      list_models=None if args.serve else list_pulled_models)
+    try:
+        app.run()
+    finally:
+        history.close()
+    return 0

@@ -1,0 +1,259 @@
+"""The conversation pane of one tab: messages as Markdown, the prompt input, notices."""
+
+from __future__ import annotations
+
+import re
+from contextlib import aclosing
+from typing import TYPE_CHECKING, cast
+
+from textual import events, on
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.message import Message
+from textual.widgets import Button, Label, Markdown, Static, TextArea
+
+from localpaged.tui.history import StoredMessage
+from localpaged.tui.session import ChatSession, ContextOverflow
+
+if TYPE_CHECKING:
+    from localpaged.tui.app import ChatApp
+
+CODE_BLOCK = re.compile(r"```[^\n]*\n(.*?)(?:```|\Z)", re.S)
+
+
+def last_code_block(text: str) -> str | None:
+    """The body of the last fenced code block in `text` (an open one counts)."""
+    blocks = CODE_BLOCK.findall(text)
+    return blocks[-1].rstrip("\n") if blocks else None
+
+
+class PromptInput(TextArea):
+    """Multi-line input: enter sends; shift+enter, alt+enter or ctrl+j add a line."""
+
+    class Submitted(Message):
+        def __init__(self, text: str) -> None:
+            super().__init__()
+            self.text = text
+
+    async def _on_key(self, event: events.Key) -> None:
+        if event.key == "enter":
+            event.stop()
+            event.prevent_default()
+            self.post_message(self.Submitted(self.text))
+        elif event.key in ("shift+enter", "alt+enter", "ctrl+j"):
+            event.stop()
+            event.prevent_default()
+            self.insert("\n")
+        else:
+            await super()._on_key(event)
+
+
+class MessageView(Vertical):
+    """One message: a role line and its Markdown body."""
+
+    DEFAULT_CSS = """
+    MessageView { height: auto; margin: 0 1 1 1; }
+    MessageView .role { color: $text-muted; text-style: bold; }
+    MessageView.user .role { color: $accent; }
+    MessageView.assistant .role { color: $success; }
+    MessageView .incomplete { color: $warning; }
+    MessageView Markdown { margin: 0; padding: 0 0 0 2; }
+    MessageView Markdown > MarkdownBlock:last-child { margin-bottom: 0; }
+    """
+
+    def __init__(self, message: StoredMessage, *, streaming: bool = False) -> None:
+        super().__init__(classes=message.role)
+        self.message = message
+        self.streaming = streaming  # the body starts empty and is fed by a MarkdownStream
+
+    def compose(self) -> ComposeResult:
+        yield Label("You" if self.message.role == "user" else "Assistant", classes="role")
+        yield Markdown("" if self.streaming else self.message.content)
+        yield Label(self._note(), classes="incomplete")
+
+    def _note(self) -> str:
+        return {"streaming": "⚠ incomplete: the app stopped during this answer",
+                "stopped": "■ stopped"}.get(self.message.status, "")
+
+    @property
+    def body(self) -> Markdown:
+        return self.query_one(Markdown)
+
+    def refresh_note(self) -> None:
+        self.query_one(".incomplete", Label).update(self._note())
+
+
+class Notice(Horizontal):
+    """A line above the input: errors and the context-overflow offer."""
+
+    DEFAULT_CSS = """
+    Notice { height: auto; display: none; margin: 0 1; }
+    Notice.shown { display: block; }
+    Notice Static { width: 1fr; color: $error; }
+    Notice Button { display: none; }
+    Notice.offer Button { display: block; }
+    """
+
+    def compose(self) -> ComposeResult:
+        yield Static("", id="notice-text")
+        yield Button("Drop oldest turns", id="drop-oldest", variant="warning")
+
+    def show(self, text: str, *, offer: bool = False) -> None:
+        self.query_one("#notice-text", Static).update(text)
+        self.set_class(True, "shown")
+        self.set_class(offer, "offer")
+
+    def hide(self) -> None:
+        self.set_class(False, "shown", "offer")
+
+
+class ChatView(Vertical):
+    """A tab's conversation. Streams answers in a worker, so tabs stream concurrently."""
+
+    DEFAULT_CSS = """
+    ChatView { height: 1fr; }
+    ChatView #log { height: 1fr; }
+    ChatView PromptInput { height: auto; min-height: 3; max-height: 10; width: 1fr; margin: 0 1; }
+    """
+
+    class BusyChanged(Message):
+        """An answer started or ended in this tab."""
+
+        def __init__(self, view: ChatView) -> None:
+            super().__init__()
+            self.view = view
+
+    def __init__(self, session: ChatSession, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.session = session
+
+    @property
+    def chat_app(self) -> ChatApp:
+        return cast("ChatApp", self.app)
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll(id="log"):
+            for m in self.session.messages:
+                yield MessageView(m)
+        yield Notice()
+        yield PromptInput(id="prompt", placeholder="Message (enter sends, ctrl+j new line)")
+
+    @property
+    def prompt(self) -> PromptInput:
+        return self.query_one(PromptInput)
+
+    def focus_input(self) -> None:
+        self.prompt.focus()
+
+    @on(PromptInput.Submitted)
+    def _submitted(self, event: PromptInput.Submitted) -> None:
+        self.send(event.text)
+
+    def send(self, text: str) -> bool:
+        """Send a user message; False (and nothing sent) if it is empty or a turn is running."""
+        if not text.strip():
+            return False
+        if self.session.busy:
+            self.app.notify("This tab is still answering (escape stops it).", severity="warning")
+            return False
+        if self.chat_app.client is None:
+            self.app.notify("No model is loaded yet.", severity="warning")
+            return False
+        msg = self.session.add_user(text)
+        self.prompt.clear()
+        self.query_one(Notice).hide()
+        self.query_one("#log").mount(MessageView(msg))
+        self._start_answer()
+        return True
+
+    def _start_answer(self) -> None:
+        self.run_worker(self._answer(), group="answer", exclusive=True, exit_on_error=False)
+
+    async def _answer(self) -> None:
+        app = self.chat_app
+        client = app.client
+        if client is None:
+            return
+        log = self.query_one("#log", VerticalScroll)
+        view: MessageView | None = None
+        stream = None
+        try:
+            turn = self.session.stream_turn(client, app.tokenizer, app.max_model_len)
+            async with aclosing(turn) as deltas:
+                async for delta in deltas:
+                    if view is None:
+                        view = MessageView(self.session.messages[-1], streaming=True)
+                        await log.mount(view)
+                        stream = Markdown.get_stream(view.body)
+                        self.post_message(self.BusyChanged(self))
+                    assert stream is not None
+                    await stream.write(delta.text)
+                    if delta.finished and delta.finish_reason == "error":
+                        await stream.write(f"\n\n**Error:** {delta.error}")
+                    log.scroll_end(animate=False)
+        except ContextOverflow as exc:
+            self.query_one(Notice).show(f"{exc} Drop the oldest turns to make room?", offer=True)
+        except ValueError as exc:
+            self.query_one(Notice).show(f"Not sent: {exc}")
+        finally:
+            if stream is not None:
+                await stream.stop()
+            if view is not None:
+                view.refresh_note()
+            self.post_message(self.BusyChanged(self))
+
+    async def stop(self) -> None:
+        """Stop the answer streaming in this tab (the partial answer is kept)."""
+        rid, client = self.session.request_id, self.chat_app.client
+        if rid is not None and client is not None:
+            await client.abort(rid)
+
+    async def regenerate(self) -> None:
+        """Answer the last user message again."""
+        if self.session.busy or not self.session.messages:
+            return
+        if self.session.drop_last_answer():
+            await self.query(MessageView).last().remove()
+        if self.session.messages and self.session.messages[-1].role == "user":
+            self._start_answer()
+
+    async def edit_last(self) -> None:
+        """Take the last user message (and its answer) back into the input."""
+        if self.session.busy:
+            return
+        n_before = len(self.session.messages)
+        text = self.session.pop_last_user()
+        if text is None:
+            return
+        views = list(self.query(MessageView))
+        for v in views[len(self.session.messages):n_before]:
+            await v.remove()
+        self.prompt.load_text(text)
+        self.prompt.move_cursor(self.prompt.document.end)
+        self.focus_input()
+
+    async def clear(self) -> None:
+        if self.session.busy:
+            await self.stop()
+        self.session.clear()
+        await self.query(MessageView).remove()
+        self.query_one(Notice).hide()
+
+    @on(Button.Pressed, "#drop-oldest")
+    async def _drop_oldest(self) -> None:
+        """Drop oldest turns until the prompt fits (or one turn is left), then resend."""
+        self.query_one(Notice).hide()
+        app = self.chat_app
+        tok, limit = app.tokenizer, app.max_model_len
+        while self.session.drop_oldest_turn():
+            if tok is None or not limit or len(self.session.prompt_ids(tok)) < limit:
+                break
+        await self.query(MessageView).remove()
+        await self.query_one("#log").mount_all(MessageView(m) for m in self.session.messages)
+        self._start_answer()
+
+    def last_answer(self) -> str | None:
+        for m in reversed(self.session.messages):
+            if m.role == "assistant":
+                return m.content
+        return None
