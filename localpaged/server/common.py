@@ -41,8 +41,9 @@ def served_names(state: ServerState) -> list[str]:
 def check_model(state: ServerState, name: str) -> None:
     """404 unless `name` is the model this server has loaded."""
     if name not in served_names(state):
-        raise APIError(404, f"model {name!r} not found; this server serves "
-                       f"{state.client.model_name!r}", param="model", code="model_not_found")
+        raise APIError(404, f"model {name!r} not found: this server has "
+                       f"{state.client.model_name!r} loaded (start `localpaged serve {name}` "
+                       "to serve another)", param="model", code="model_not_found")
 
 
 def flatten_content(content: Any, param: str) -> str:

@@ -65,11 +65,14 @@ def _store() -> Any:
 def _store_entry(entry: Any) -> dict[str, Any]:
     """A store entry as an /api/tags row (reading whichever attributes it has)."""
     name = str(getattr(entry, "name", entry))
-    modified = getattr(entry, "modified_at", None) or getattr(entry, "modified", None)
+    modified = (getattr(entry, "pulled_at", None) or getattr(entry, "modified_at", None)
+                or getattr(entry, "modified", None))
     if isinstance(modified, (int, float)):
         modified = _iso(modified)
     elif isinstance(modified, datetime):
         modified = modified.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
+    elif isinstance(modified, str):
+        modified = modified.replace("+00:00", "Z")
     params = getattr(entry, "parameter_count", 0) or 0
     return {"name": name, "model": name, "modified_at": modified or _iso(0),
             "size": int(getattr(entry, "size_bytes", 0) or getattr(entry, "size", 0) or 0),
@@ -136,9 +139,13 @@ def show_model(state: ServerState, name: str) -> dict[str, Any]:
         for entry in store.list_pulled():
             row = _store_entry(entry)
             if row["name"] == name:
+                info: dict[str, Any] = {"general.basename": name}
+                ctx = getattr(entry, "context_length", None)
+                if ctx:
+                    info["general.context_length"] = ctx
                 return {"license": "", "modelfile": f"FROM {name}\n", "parameters": "",
-                        "template": "", "details": row["details"],
-                        "model_info": {"general.architecture": row["details"]["family"]},
+                        "template": getattr(entry, "chat_template", None) or "",
+                        "details": row["details"], "model_info": info,
                         "capabilities": ["completion"], "modified_at": row["modified_at"]}
     raise APIError(404, f"model '{name}' not found")
 
@@ -161,20 +168,33 @@ async def pull_progress(state: ServerState, name: str) -> AsyncIterator[dict[str
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
 
+    succeeded = False
+
     def progress(*args: Any, **kwargs: Any) -> None:
-        loop.call_soon_threadsafe(queue.put_nowait, _progress_line(name, args, kwargs))
+        nonlocal succeeded
+        line = _progress_line(name, args, kwargs)
+        succeeded = succeeded or line["status"] == "success"
+        loop.call_soon_threadsafe(queue.put_nowait, line)
+
+    not_found = getattr(store, "UnknownModelError", LookupError)
+    bad_download = getattr(store, "IntegrityError", OSError)
 
     def run() -> None:
+        line: dict[str, Any] | None = None
         try:
             store.pull(name, progress=progress)
-            line: dict[str, Any] = {"status": "success"}
-        except (KeyError, LookupError, FileNotFoundError) as exc:
-            line = {"error": f"pull {name!r}: {exc}", "status_code": 404}
+            if not succeeded:
+                line = {"status": "success"}
+        except bad_download as exc:
+            line = {"error": f"pull {name} failed: {exc}", "status_code": 502}
+        except (not_found, LookupError, FileNotFoundError) as exc:
+            line = {"error": f"pull {name}: {exc}", "status_code": 404}
         except ValueError as exc:
-            line = {"error": f"pull {name!r}: {exc}", "status_code": 400}
-        except Exception as exc:
-            line = {"error": f"pull {name!r} failed: {exc}", "status_code": 502}
-        loop.call_soon_threadsafe(queue.put_nowait, line)
+            line = {"error": f"pull {name}: {exc}", "status_code": 400}
+        except Exception as exc:  # unreachable sources, full disk: the upstream failed
+            line = {"error": f"pull {name} failed: {exc}", "status_code": 502}
+        if line is not None:
+            loop.call_soon_threadsafe(queue.put_nowait, line)
         loop.call_soon_threadsafe(queue.put_nowait, None)
 
     threading.Thread(target=run, name=f"pull-{name}", daemon=True).start()
@@ -201,10 +221,11 @@ def _progress_line(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
     completed = data.get("completed", data.get("downloaded"))
     total = data.get("total")
     file = data.get("file") or data.get("filename") or name
-    line: dict[str, Any] = {"status": str(data.get("status") or f"pulling {file}"),
-                            "digest": "sha256:" + hashlib.sha256(str(file).encode()).hexdigest()}
-    if isinstance(total, int):
+    line: dict[str, Any] = {"status": str(data.get("status") or f"pulling {file}")}
+    if data.get("file") or data.get("filename"):
+        line["digest"] = "sha256:" + hashlib.sha256(str(file).encode()).hexdigest()
+    if isinstance(total, int) and total > 0:
         line["total"] = total
-    if isinstance(completed, int):
-        line["completed"] = completed
+        if isinstance(completed, int):
+            line["completed"] = completed
     return line

@@ -99,6 +99,19 @@ def test_disconnect_mid_stream_frees_blocks(base_url: str, model_name: str, engi
     assert 'finish_reason="abort"' in metrics
 
 
+def test_disconnect_while_waiting_for_a_whole_answer(base_url: str, model_name: str,
+                                                     engine_client: Any) -> None:
+    """A non-streaming client that gives up (timeout) aborts its request too."""
+    before = _wait_idle(engine_client)
+    body = {"model": model_name, "max_tokens": 450, "temperature": 0, "stream": False,
+            "messages": [{"role": "user", "content": "Write a very long essay."}]}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(base_url + "/v1/chat/completions", json=body, timeout=0.3)
+    after = _wait_idle(engine_client)
+    assert after.kv_blocks_used <= before.kv_blocks_used
+    assert after.generation_tokens_total - before.generation_tokens_total < 450
+
+
 def test_queue_cap_answers_429(engine_client: Any, model_name: str) -> None:
     handle = serve_in_background(engine_client, max_queued=1)
     try:

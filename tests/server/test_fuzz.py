@@ -69,8 +69,8 @@ def http(base_url: str) -> Iterator[httpx.Client]:
 
 
 def _status(http: httpx.Client, path: str, body: Any) -> int:
-    """Send and read only the status line, then hang up (a fuzzed body may ask for a long
-    answer; leaving early aborts it)."""
+    """Send, check the status and the first lines of a 200 (no error events from the engine),
+    then hang up (a fuzzed body may ask for a long answer; leaving early aborts it)."""
     content = body if isinstance(body, bytes) else json.dumps(body).encode()
     with http.stream("POST", path, content=content,
                      headers={"Content-Type": "application/json"}) as r:
@@ -81,6 +81,11 @@ def _status(http: httpx.Client, path: str, body: Any) -> int:
             r.read()
             err = r.json()["error"]
             assert isinstance(err, dict if path.startswith("/v1") else str), r.text
+        else:
+            lines = r.iter_lines()
+            for _, line in zip(range(6), lines):
+                assert '"error"' not in line, f"{path} {body!r}: {line}"
+            lines.close()
         return r.status_code
 
 
