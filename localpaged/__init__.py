@@ -2,25 +2,18 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
-
-if TYPE_CHECKING:
-    from localpaged.engine.llm import LLM
-    from localpaged.engine.request import SamplingParams
 
 __all__ = ["LLM", "SamplingParams", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
     # Lazy so that `import localpaged` (the CLI) does not pay for torch before it needs it.
-    if name == "LLM":
-        from localpaged.engine.llm import LLM
-
-        return LLM
-    if name == "SamplingParams":
-        from localpaged.engine.request import SamplingParams
-
-        return SamplingParams
+    # (by string, so the import graph does not make every room depend on the engine)
+    homes = {"LLM": "localpaged.engine.llm", "SamplingParams": "localpaged.engine.request"}
+    if name in homes:
+        return getattr(importlib.import_module(homes[name]), name)
     raise AttributeError(name)

