@@ -14,6 +14,7 @@ from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Request
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import PlainTextResponse
 from starlette.middleware.cors import CORSMiddleware
 
@@ -47,7 +48,7 @@ def create_app(client: EngineClient, *, allowed_hosts: tuple[str, ...] | list[st
         title="localpaged", version="0.1.0",
         summary="OpenAI-compatible API of a local paged-KV engine "
                 "(an Ollama-compatible API is served under /api, outside this document).",
-        docs_url="/docs", redoc_url=None, openapi_url="/openapi.json")
+        docs_url=None, redoc_url=None, openapi_url="/openapi.json")  # no CDN-loaded doc pages
     app.state.localpaged = ServerState(client=client, max_queued=max_queued)
     install_error_handlers(app)
     app.include_router(openai_routes.router)
@@ -64,6 +65,20 @@ def create_app(client: EngineClient, *, allowed_hosts: tuple[str, ...] | list[st
         return PlainTextResponse(render_metrics(state.client.stats(), state.metrics),
                                  media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    def openapi() -> dict[str, Any]:
+        """FastAPI's document, less its 422 answers: validation errors here are 400s."""
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version, summary=app.summary,
+                                 routes=app.routes)
+            for ops in schema.get("paths", {}).values():
+                for op in ops.values():
+                    op.get("responses", {}).pop("422", None)
+            for name in ("HTTPValidationError", "ValidationError"):
+                schema.get("components", {}).get("schemas", {}).pop(name, None)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
     app.add_middleware(CORSMiddleware, allow_origin_regex=cors_origin_regex(allowed_origins),
                        allow_methods=["*"], allow_headers=["*"], max_age=600)
     app.add_middleware(GuardMiddleware, allowed_hosts=allowed_hosts,

@@ -24,10 +24,26 @@ from localpaged.server.common import (
     token_text,
 )
 from localpaged.server.errors import APIError, error_body
-from localpaged.server.schemas import ChatCompletionRequest, CompletionRequest
+from localpaged.server.schemas import (
+    ChatCompletion,
+    ChatCompletionRequest,
+    Completion,
+    CompletionRequest,
+    ErrorResponse,
+    ModelCard,
+    ModelList,
+)
 from localpaged.server.streams import Generation, GenerationResponse, ServerState, start_generation
 
-router = APIRouter(prefix="/v1", tags=["OpenAI"])
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorResponse, "description": text} for code, text in (
+        (400, "malformed JSON, wrong types, bad or unsupported values, context overflow"),
+        (401, "missing or wrong bearer key (when the server has one)"),
+        (403, "foreign Host or Origin"), (404, "unknown model"), (413, "body too large"),
+        (429, "too many requests in flight"))}
+_SSE = {"text/event-stream": {"schema": {"type": "string"}}}
+
+router = APIRouter(prefix="/v1", tags=["OpenAI"], responses=_ERRORS)
 
 
 def _state(request: Request) -> ServerState:
@@ -50,7 +66,7 @@ def _check_common(body: ChatCompletionRequest | CompletionRequest) -> None:
         raise APIError(400, f"n={body.n} is not supported: only n=1", param="n")
 
 
-@router.get("/models", summary="List the served model")
+@router.get("/models", summary="List the served model", response_model=ModelList)
 async def list_models(request: Request) -> dict[str, Any]:
     state = _state(request)
     return {"object": "list",
@@ -58,7 +74,8 @@ async def list_models(request: Request) -> dict[str, Any]:
                       "created": int(state.started), "owned_by": "localpaged"}]}
 
 
-@router.get("/models/{model:path}", summary="Describe the served model")
+@router.get("/models/{model:path}", summary="Describe the served model",
+            response_model=ModelCard)
 async def get_model(model: str, request: Request) -> dict[str, Any]:
     state = _state(request)
     check_model(state, model)
@@ -88,7 +105,8 @@ def _merge_chat_logprobs(parts: list[dict[str, Any] | None]) -> dict[str, Any] |
     return {"content": [c for p in present for c in p["content"]]}
 
 
-@router.post("/chat/completions", summary="Chat completion (SSE with `stream: true`)")
+@router.post("/chat/completions", summary="Chat completion (SSE with `stream: true`)",
+             responses={200: {"model": ChatCompletion, "content": _SSE}})
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
     state = _state(request)
     check_model(state, body.model)
@@ -203,7 +221,8 @@ def _completion_prompt(state: ServerState, body: CompletionRequest) -> str | lis
     return prompt
 
 
-@router.post("/completions", summary="Text completion; `suffix` for fill-in-the-middle")
+@router.post("/completions", summary="Text completion; `suffix` for fill-in-the-middle",
+             responses={200: {"model": Completion, "content": _SSE}})
 async def completions(body: CompletionRequest, request: Request) -> Any:
     state = _state(request)
     check_model(state, body.model)

@@ -168,10 +168,15 @@ async def start_generation(state: ServerState, api: str, *, prompt: Prompt | Non
         await gen.close()
         raise APIError(400, str(exc), param=_param_of(str(exc), prompt_param),
                        code="invalid_request") from exc
+    except RuntimeError as exc:  # e.g. the engine was closed
+        gen.finished = True
+        gen.finish_reason = "unavailable"
+        await gen.close()
+        raise APIError(503, f"the engine is not available: {exc}") from exc
     except StopAsyncIteration:
         gen.finished = True
         await gen.close()
-        raise APIError(500, "the engine ended the request without an answer") from None
+        raise APIError(503, "the engine ended the request without an answer") from None
     except BaseException:
         await gen.close()
         raise

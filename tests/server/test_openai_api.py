@@ -154,3 +154,20 @@ def test_openapi_document_covers_the_openai_part(base_url: str) -> None:
     schema = doc["components"]["schemas"]["ChatCompletionRequest"]
     assert {"model", "messages", "stream", "logprobs", "max_completion_tokens"} <= set(
         schema["properties"])
+    post = doc["paths"]["/v1/chat/completions"]["post"]
+    assert {"200", "400", "404", "429"} <= set(post["responses"]) and "422" not in post["responses"]
+
+
+def test_answers_match_the_documented_shapes(oai: openai.OpenAI, model_name: str,
+                                             base_url: str) -> None:
+    import httpx
+
+    from localpaged.server.schemas import ChatCompletion, Completion, ErrorResponse, ModelList
+
+    ModelList.model_validate(httpx.get(base_url + "/v1/models").json())
+    body = {"model": model_name, "messages": MESSAGES, "max_tokens": 3, "logprobs": True,
+            "top_logprobs": 2}
+    ChatCompletion.model_validate(httpx.post(base_url + "/v1/chat/completions", json=body).json())
+    Completion.model_validate(httpx.post(base_url + "/v1/completions", json={
+        "model": model_name, "prompt": "x", "max_tokens": 3, "logprobs": 1}).json())
+    ErrorResponse.model_validate(httpx.post(base_url + "/v1/completions", json={}).json())
