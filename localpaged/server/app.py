@@ -37,12 +37,14 @@ API_KEY_ENV = "LOCALPAGED_API_KEY"
 def create_app(client: EngineClient, *, allowed_hosts: tuple[str, ...] | list[str] = (),
                allowed_origins: tuple[str, ...] | list[str] = (), api_key: str | None = None,
                max_queued: int = DEFAULT_MAX_QUEUED,
-               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+               allow_ip_hosts: bool = False) -> FastAPI:
     """The API over `client` (which the caller owns and closes).
 
     allowed_hosts / allowed_origins extend the loopback defaults; api_key, when set, is required
     as `Authorization: Bearer <key>`; max_queued caps generation requests in flight (429 past
-    it); max_body_bytes caps request bodies (413 past it).
+    it); max_body_bytes caps request bodies (413 past it); allow_ip_hosts accepts any IP
+    literal as Host (for a server bound beyond loopback).
     """
     app = FastAPI(
         title="localpaged", version="0.1.0",
@@ -83,7 +85,7 @@ def create_app(client: EngineClient, *, allowed_hosts: tuple[str, ...] | list[st
                        allow_methods=["*"], allow_headers=["*"], max_age=600)
     app.add_middleware(GuardMiddleware, allowed_hosts=allowed_hosts,
                        allowed_origins=allowed_origins, api_key=api_key,
-                       max_body_bytes=max_body_bytes)
+                       max_body_bytes=max_body_bytes, allow_ip_hosts=allow_ip_hosts)
     return app
 
 
@@ -112,7 +114,7 @@ def serve_in_background(client: EngineClient, host: str = "127.0.0.1", port: int
     loop; the engine client is safe to use from any loop). port 0 picks a free port. Returns
     once the server listens."""
     if not is_loopback_host(host):
-        app_kwargs.setdefault("allowed_hosts", (host,))
+        app_kwargs.setdefault("allow_ip_hosts", True)
     app = create_app(client, **app_kwargs)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
                             lifespan="off", timeout_graceful_shutdown=2)
@@ -153,14 +155,14 @@ def main(args: argparse.Namespace) -> int:
     engine_args = {k: getattr(args, k) for k in ("dtype", "device", "max_model_len", "kv_cache_gb")
                    if getattr(args, k, None) is not None}
     client = LocalClient.from_model(args.model or DEFAULT_MODEL, **engine_args)
-    hosts = list(args.allowed_host or [])
-    if args.host not in ("0.0.0.0", "::", "") and not is_loopback_host(args.host):
-        hosts.append(args.host)
-    if not is_loopback_host(args.host):
+    beyond_loopback = not is_loopback_host(args.host)
+    if beyond_loopback:
         print(f"localpaged: warning: serving on {args.host}, not only this machine; set "
               f"{API_KEY_ENV} to require a key", file=sys.stderr)
-    app = create_app(client, allowed_hosts=hosts, allowed_origins=args.allowed_origin or [],
-                     api_key=os.environ.get(API_KEY_ENV) or None)
+    app = create_app(client, allowed_hosts=list(args.allowed_host or []),
+                     allowed_origins=args.allowed_origin or [],
+                     api_key=os.environ.get(API_KEY_ENV) or None,
+                     allow_ip_hosts=beyond_loopback)
     print(f"localpaged: serving {client.model_name} on http://{args.host}:{args.port} "
           f"(OpenAI: /v1, Ollama: /api)", file=sys.stderr, flush=True)
     try:

@@ -55,14 +55,27 @@ def is_loopback_host(name: str) -> bool:
         return False
 
 
+def _is_ip(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
 class GuardMiddleware:
     """Refuse requests with a foreign or empty Host, a foreign Origin, a missing or wrong bearer
-    key, or a body over the size limit. Everything else passes through unchanged."""
+    key, or a body over the size limit. Everything else passes through unchanged.
+
+    `allow_ip_hosts` also accepts any IP literal as Host (for a server bound to a LAN address:
+    DNS rebinding needs a host *name*, so IP literals cannot carry it)."""
 
     def __init__(self, app: ASGIApp, *, allowed_hosts: Iterable[str] = (),
                  allowed_origins: Iterable[str] = (), api_key: str | None = None,
-                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
+                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+                 allow_ip_hosts: bool = False) -> None:
         self.app = app
+        self.allow_ip_hosts = allow_ip_hosts
         self.allowed_hosts = {host_name(h) for h in allowed_hosts if h}
         self.origin_re = re.compile(cors_origin_regex(allowed_origins))
         self.api_key = api_key or None
@@ -73,7 +86,9 @@ class GuardMiddleware:
         name = host_name(host_header)
         if not name:
             return False
-        return is_loopback_host(name) or name in self.allowed_hosts or "*" in self.allowed_hosts
+        if is_loopback_host(name) or name in self.allowed_hosts or "*" in self.allowed_hosts:
+            return True
+        return self.allow_ip_hosts and _is_ip(name)
 
     def origin_allowed(self, origin: str) -> bool:
         return self.origin_re.fullmatch(origin.rstrip("/").lower()) is not None

@@ -133,3 +133,17 @@ def test_model_names_never_become_paths(base_url: str) -> None:
         assert r.status_code in (400, 404)
         r = httpx.post(base_url + "/api/pull", json={"model": name, "stream": False})
         assert r.status_code == 400
+
+
+def test_ip_literal_hosts_when_serving_beyond_loopback(engine_client: Any) -> None:
+    """Bound beyond loopback, IP-literal Hosts are fine (no name, no rebinding); names are not."""
+    from starlette.testclient import TestClient
+
+    from localpaged.server.app import create_app
+
+    lan = TestClient(create_app(engine_client, allow_ip_hosts=True), base_url="http://x")
+    assert lan.get("/api/version", headers={"Host": "192.168.1.20:11435"}).status_code == 200
+    assert lan.get("/api/version", headers={"Host": "[fe80::1]:80"}).status_code == 200
+    assert lan.get("/api/version", headers={"Host": "evil.example"}).status_code == 403
+    local = TestClient(create_app(engine_client), base_url="http://x")
+    assert local.get("/api/version", headers={"Host": "192.168.1.20"}).status_code == 403
