@@ -174,10 +174,13 @@ class ChatScreen(Screen[None]):
         self.query_one(Sidebar).reload()
 
     def refresh_status(self) -> None:
+        line = self.query_one_optional(StatusLine)
+        if line is None or not self.query("#tabs"):  # not composed yet
+            return
         app = self.chat_app
         stats = app.sample_stats()
         view = self.current
-        self.query_one(StatusLine).show(format_status(
+        line.show(format_status(
             app.model_label, stats, view.session.stats if view else None, loading=app.loading))
 
     # the conversation

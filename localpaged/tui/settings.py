@@ -14,11 +14,11 @@ from textual.widgets import Button, Input, Label, Static, TextArea
 from localpaged.tui.session import ChatSettings
 
 FIELDS = [  # (field, label, kind)
-    ("temperature", "Temperature (0 = greedy)", float),
-    ("top_p", "Top-p (0, 1]", float),
-    ("top_k", "Top-k (-1 = off)", int),
-    ("max_tokens", "Max answer tokens", int),
-    ("seed", "Seed (empty = random)", int),
+    ("temperature", "Temperature", float),
+    ("top_p", "Top-p", float),
+    ("top_k", "Top-k (-1 off)", int),
+    ("max_tokens", "Max tokens", int),
+    ("seed", "Seed", int),
 ]
 
 Result = tuple[str, ChatSettings]
@@ -30,12 +30,14 @@ class SettingsScreen(ModalScreen[Result | None]):
     DEFAULT_CSS = """
     SettingsScreen { align: center middle; }
     SettingsScreen > Vertical {
-        width: 72; height: auto; padding: 1 2; border: thick $accent; background: $surface;
+        width: 90; height: auto; padding: 0 2; border: thick $accent; background: $surface;
     }
     SettingsScreen #system { height: 6; }
-    SettingsScreen Grid { grid-size: 2; grid-columns: 28 1fr; grid-rows: 3; height: auto; }
+    SettingsScreen Grid { grid-size: 4; grid-columns: 18 1fr 18 1fr; grid-rows: 3;
+                          height: auto; }
     SettingsScreen Grid Label { padding: 1 0; }
     SettingsScreen #error { color: $error; height: auto; }
+    SettingsScreen #hint { color: $text-muted; }
     SettingsScreen Horizontal { height: auto; align-horizontal: right; }
     SettingsScreen Button { margin-left: 1; }
     """
@@ -57,6 +59,7 @@ class SettingsScreen(ModalScreen[Result | None]):
                     value = getattr(self.settings, name)
                     yield Label(label)
                     yield Input("" if value is None else str(value), id=name)
+            yield Static("Temperature 0 is greedy; an empty seed is random.", id="hint")
             yield Static("", id="error")
             with Horizontal():
                 yield Button("Cancel", id="cancel")

@@ -1,0 +1,116 @@
+"""Loading and switching models from the app, and remote servers (errors stay in their tab)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import socket
+from collections.abc import Callable
+from pathlib import Path
+
+from textual.pilot import Pilot
+
+from localpaged import chat_launcher
+from localpaged.engine.remote import RemoteClient
+from localpaged.tui.app import ChatApp
+from localpaged.tui.history import History
+from localpaged.tui.main_screen import ChatScreen
+from localpaged.tui.session import ChatSettings
+
+SIZE = (110, 32)
+
+
+async def wait_for(pilot: Pilot, cond: Callable[[], bool], timeout: float = 60.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not cond():
+        assert loop.time() < deadline, "condition not reached in time"
+        await pilot.pause(0.05)
+
+
+def chat(app: ChatApp) -> ChatScreen:
+    screen = app._chat_screen()
+    assert screen is not None
+    return screen
+
+
+def status(app: ChatApp) -> str:
+    chat(app).refresh_status()
+    return str(chat(app).query_one("#status").content)
+
+
+async def test_load_at_start_then_a_failed_switch_leaves_the_app_usable(
+        tmp_path: Path, tiny_chat_model: Path) -> None:
+    loader = chat_launcher.make_loader({"dtype": "float32", "device": "cpu",
+                                        "num_kv_blocks": 64, "max_model_len": 256})
+    bad = str(tmp_path / "missing" / "model.gguf")
+    app = ChatApp(History(tmp_path / "h.sqlite3"), model=str(tiny_chat_model), loader=loader,
+                  list_models=lambda: [str(tiny_chat_model), bad],
+                  default_settings=ChatSettings(temperature=0, max_tokens=4))
+    async with app.run_test(size=SIZE) as pilot:
+        assert app.client is None and "loading" in status(app)
+        view = chat(app).current
+        assert view is not None
+        assert not view.send("too early")  # no model yet: nothing sent, the text stays
+        await wait_for(pilot, lambda: app.client is not None and app.loading is None)
+        assert status(app).startswith(f"{tiny_chat_model.name} · cpu")
+        # switch through the command palette to a model that cannot load
+        await pilot.press("ctrl+p")
+        await pilot.press(*"Switch model: ")
+        await pilot.press(*"missing")
+        await pilot.pause(0.3)
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: app.load_error is not None)
+        assert "failed to load" in status(app)
+        assert any("Could not load" in str(n.message) for n in app._notifications)
+        # the old engine still answers
+        assert view.send("still here")
+        await wait_for(pilot, lambda: not view.session.busy and len(view.session.messages) == 2)
+        assert view.session.messages[-1].status == "done"
+    assert app.client is not None  # closed with the app (it owns the client)
+
+
+async def test_remote_errors_stay_in_their_tab(tmp_path: Path, openai_stub) -> None:
+    client = RemoteClient(openai_stub.url, model="echo")
+    app = ChatApp(History(tmp_path / "h.sqlite3"), client=client)
+    async with app.run_test(size=SIZE) as pilot:
+        s = chat(app)
+        first = s.current
+        assert first is not None and first.send("!error please")
+        await pilot.press("ctrl+t")
+        second = s.current
+        assert second is not None and second is not first and second.send("hello")
+        await wait_for(pilot, lambda: not first.session.busy and not second.session.busy
+                       and len(second.session.messages) == 2)
+        bad, good = first.session.messages[-1], second.session.messages[-1]
+        assert bad.status == "error" and "HTTP 500" in bad.content
+        assert "the model crashed" in bad.content
+        assert good.status == "done" and good.content == "You said: hello"
+        assert openai_stub.requests[-1]["messages"] == [{"role": "user", "content": "hello"}]
+        assert status(app).startswith("echo · remote 127.0.0.1")
+
+
+async def test_remote_server_down(tmp_path: Path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    app = ChatApp(History(tmp_path / "h.sqlite3"), client=RemoteClient(f"http://127.0.0.1:{port}",
+                                                                        model="m"))
+    async with app.run_test(size=SIZE) as pilot:
+        view = chat(app).current
+        assert view is not None and view.send("anyone?")
+        await wait_for(pilot, lambda: not view.session.busy and len(view.session.messages) == 2)
+        answer = view.session.messages[-1]
+        assert answer.status == "error" and "ConnectError" in answer.content
+        assert view.prompt.disabled is False  # the tab stays usable
+
+
+def test_launcher_helpers(openai_stub, tmp_path: Path) -> None:
+    port = int(openai_stub.url.split(":")[-1].split("/")[0])
+    assert chat_launcher.server_running(port)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        free = sock.getsockname()[1]
+    assert not chat_launcher.server_running(free)
+    args = argparse.Namespace(dtype="float32", device=None, max_model_len=512, kv_cache_gb=None)
+    assert chat_launcher.engine_args(args) == {"dtype": "float32", "max_model_len": 512}
