@@ -9,7 +9,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from localpaged.store.paths import check_name, user_catalog_path
+from localpaged.store.paths import check_name, is_repo_id, user_catalog_path
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -73,7 +73,14 @@ def _parse(path: Path) -> dict[str, CatalogEntry]:
         if unknown:
             raise ValueError(f"{where}: unknown keys {sorted(unknown)} (known: {sorted(known)})")
         entry = CatalogEntry(name=name, **_typed(raw, where))
-        check_name(entry.repo)
+        try:
+            check_name(entry.repo)
+        except ValueError as exc:
+            raise ValueError(f"{where}: repo: {exc}") from None
+        if not is_repo_id(entry.repo):
+            raise ValueError(f"{where}: repo must be a hub id like \"org/name\", got {entry.repo!r}")
+        if entry.pypi_file and (entry.pypi_file.startswith("/") or ".." in entry.pypi_file):
+            raise ValueError(f"{where}: pypi_file must be a path inside the wheel")
         if entry.format not in FORMATS:
             raise ValueError(f"{where}: format {entry.format!r} is not one of {sorted(FORMATS)}")
         if entry.format == "gguf" and not entry.file:
@@ -102,7 +109,14 @@ def load_catalog(user_path: Path | None = None) -> dict[str, CatalogEntry]:
 def closest_names(name: str, candidates: list[str], n: int = 3) -> list[str]:
     """The candidates most like `name`, best first (difflib), for "did you mean" errors."""
     lowered = {c.lower(): c for c in candidates}
-    hits = difflib.get_close_matches(name.lower(), list(lowered), n=n, cutoff=0.5)
+    query = name.lower()
+    hits = difflib.get_close_matches(query, list(lowered), n=2 * n, cutoff=0.5)
+
+    def score(c: str) -> float:  # similarity, plus a bonus for a long shared beginning
+        prefix = next((i for i, (a, b) in enumerate(zip(query, c)) if a != b), min(len(query), len(c)))
+        return difflib.SequenceMatcher(None, query, c).ratio() + 0.5 * prefix / max(len(query), 1)
+
+    hits = sorted(hits, key=score, reverse=True)[:n]
     if not hits:  # `smollm2` vs `smollm2:135m`: try the part before the tag
         stem = name.lower().split(":")[0]
         hits = [c for c in lowered if c.split(":")[0] == stem][:n]
