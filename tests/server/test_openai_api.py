@@ -171,3 +171,12 @@ def test_answers_match_the_documented_shapes(oai: openai.OpenAI, model_name: str
     Completion.model_validate(httpx.post(base_url + "/v1/completions", json={
         "model": model_name, "prompt": "x", "max_tokens": 3, "logprobs": 1}).json())
     ErrorResponse.model_validate(httpx.post(base_url + "/v1/completions", json={}).json())
+
+
+def test_unknown_fields_are_ignored(oai: openai.OpenAI, model_name: str) -> None:
+    r = oai.chat.completions.create(
+        model=model_name, messages=[{"role": "developer", "content": "Be terse."},
+                                    {"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+        max_tokens=2, metadata={"plugin": "test"}, parallel_tool_calls=False,
+        extra_body={"plugin_specific": {"a": [1, 2]}, "ignore_eos": True})
+    assert r.usage.completion_tokens >= 1
