@@ -42,7 +42,7 @@ def pack_nibbles(codes: torch.Tensor, dim: int, order: tuple[int, ...] | None = 
         c = c[..., list(order)]
     shifts = torch.tensor(NIBBLE_SHIFTS, dtype=torch.int64, device=c.device)
     words = (c << shifts).sum(-1)
-    return _to_int32(words).movedim(-1, dim)
+    return _to_int32(words).movedim(-1, dim).contiguous()
 
 
 def unpack_nibbles(
@@ -57,7 +57,7 @@ def unpack_nibbles(
         for k, col in enumerate(order):
             inverse[col] = k
         c = c[..., inverse]
-    return c.reshape(*w.shape[:-1], -1).movedim(-1, dim)
+    return c.reshape(*w.shape[:-1], -1).movedim(-1, dim).contiguous()
 
 
 @dataclass
