@@ -16,7 +16,7 @@ from localpaged.engine.client import EngineStats, ModelInfo
 from localpaged.engine.config import EngineArgs
 from localpaged.engine.kv_cache import KVCacheManager
 from localpaged.engine.request import Logprob, Request, RequestStatus, SamplingParams
-from localpaged.engine.runner import ModelRunner, kv_bytes_per_block
+from localpaged.engine.runner import ModelRunner
 from localpaged.engine.scheduler import Scheduler, SchedulerConfig
 from localpaged.engine.stop import StopChecker
 
@@ -47,10 +47,9 @@ class LLMEngine:
         self.tokenizer = tokenizer
         self.args = args
         self.device = torch.device(args.resolved_device())
-        self.dtype = next(model.parameters()).dtype
+        self.dtype = model.dtype
         c = model_config
-        per_block = kv_bytes_per_block(c.num_layers, c.num_kv_heads, c.head_dim,
-                                       args.block_size, self.dtype)
+        per_block = model.kv_cache_bytes_per_block(args.block_size)
         num_blocks = args.num_kv_blocks or max(1, int(args.resolved_kv_cache_gb() * 2**30 // per_block))
         self.kv_bytes = num_blocks * per_block
         max_len = min(c.max_position_embeddings, args.max_model_len or c.max_position_embeddings)
@@ -59,8 +58,7 @@ class LLMEngine:
         self.kv = KVCacheManager(num_blocks, args.block_size, args.enable_prefix_caching)
         self.scheduler = Scheduler(
             SchedulerConfig(args.max_num_batched_tokens, args.max_num_seqs, max_len), self.kv)
-        self.runner = ModelRunner(model, c.num_layers, c.num_kv_heads, c.head_dim, num_blocks,
-                                  args.block_size, self.dtype, self.device)
+        self.runner = ModelRunner(model, num_blocks, args.block_size, self.device)
         self.info = info or ModelInfo(name=str(args.model))
         self.info.device, self.info.dtype = str(self.device), str(self.dtype).removeprefix("torch.")
         self.info.context_length = max_len

@@ -14,26 +14,14 @@ from localpaged.engine.scheduler import SchedulerOutput
 from localpaged.kernels import AttentionMetadata
 
 
-def kv_bytes_per_block(num_layers: int, num_kv_heads: int, head_dim: int, block_size: int,
-                       dtype: torch.dtype) -> int:
-    """Memory of one block across all layers, K and V."""
-    elem = torch.empty((), dtype=dtype).element_size()
-    return 2 * num_layers * block_size * num_kv_heads * head_dim * elem
-
-
 class ModelRunner:
     """Runs `model` (see localpaged.model.llama) over flat batches."""
 
-    def __init__(self, model: Any, num_layers: int, num_kv_heads: int, head_dim: int,
-                 num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(self, model: Any, num_blocks: int, block_size: int, device: torch.device) -> None:
         self.model = model
         self.block_size = block_size
         self.device = device
-        shape = (num_blocks, block_size, num_kv_heads, head_dim)
-        self.kv_caches = [
-            (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
-            for _ in range(num_layers)
-        ]
+        self.kv_caches = model.allocate_kv_caches(num_blocks, block_size, device=device)
         self.generators: dict[str, torch.Generator] = {}
 
     def release(self, request_id: str) -> None:
