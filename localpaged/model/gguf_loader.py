@@ -7,7 +7,10 @@ once it lands. Tokenizer, special tokens and chat template come from the GGUF me
 
 from __future__ import annotations
 
+import hashlib
+import os
 import re
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -258,20 +261,77 @@ class GGUFFile:
         return sum(int(t.n_elements) for t in self.reader.tensors if t.name not in _SKIPPED)
 
 
+_OPEN: dict[str, GGUFFile] = {}
+
+
+def _fingerprint(path: Path) -> str:
+    """Identity of a file's current content, cheaply: path, size, mtime and a hash of its
+    first MiB (the header and metadata) and last 64 KiB."""
+    st = path.stat()
+    h = hashlib.sha256(f"{path}|{st.st_size}|{st.st_mtime_ns}".encode())
+    with open(path, "rb") as f:
+        h.update(f.read(1 << 20))
+        if st.st_size > (1 << 20):
+            f.seek(max(st.st_size - (1 << 16), 1 << 20))
+            h.update(f.read())
+    return h.hexdigest()
+
+
+def open_gguf(path: str | Path) -> GGUFFile:
+    """A parsed GGUFFile, reused while the file is unchanged (parsing the vocabulary of a
+    real model takes seconds; the loader, the tokenizer and `show` all need it)."""
+    p = Path(path).resolve()
+    try:
+        key = _fingerprint(p)
+    except OSError:
+        return GGUFFile(p)  # raises the clear FileNotFoundError
+    cached = _OPEN.get(key)
+    if cached is None:
+        cached = GGUFFile(p)
+        _OPEN.clear()  # keep one: a process serves one model
+        _OPEN[key] = cached
+    return cached
+
+
 def read_gguf(path: str | Path) -> tuple[dict[str, Any], Iterator[tuple[str, torch.Tensor]]]:
     """An HF-style config dict and an iterator of HF-named float32 weights from a GGUF file.
 
     Raises ValueError naming the file when it is truncated, corrupt or unsupported."""
-    gguf_file = GGUFFile(path)
+    gguf_file = open_gguf(path)
     return gguf_file.hf_config(), gguf_file.weights()
 
 
-def hf_tokenizer_from_gguf(path: str | Path) -> Any:
+def tokenizer_cache_dir() -> Path:
+    """Where tokenizers converted from GGUF metadata are kept: converting a 49k-token BPE
+    vocabulary takes seconds, loading the saved tokenizer.json well under one."""
+    env = os.environ.get("LOCALPAGED_HOME")
+    if env:
+        return Path(env).expanduser() / "cache" / "gguf-tokenizers"
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("localpaged")) / "gguf-tokenizers"
+
+
+TOKENIZER_CACHE_VERSION = 1
+
+
+def _tokenizer_key(path: Path) -> str:
+    ident = f"{_fingerprint(path.resolve())}|{TOKENIZER_CACHE_VERSION}"
+    return hashlib.sha256(ident.encode()).hexdigest()[:32]
+
+
+def hf_tokenizer_from_gguf(path: str | Path, *, cache: bool = True) -> Any:
     """A transformers fast tokenizer built from the GGUF metadata (vocab, merges, specials,
-    chat template)."""
+    chat template); the conversion is cached under `tokenizer_cache_dir()`."""
     from transformers import AutoTokenizer
 
-    gguf_file = GGUFFile(path)  # validates the file and names it in errors
+    gguf_file = open_gguf(path)  # validates the file and names it in errors
+    folder = tokenizer_cache_dir() / _tokenizer_key(gguf_file.path)
+    if cache and (folder / "tokenizer.json").is_file():
+        try:
+            return AutoTokenizer.from_pretrained(str(folder))
+        except Exception:
+            shutil.rmtree(folder, ignore_errors=True)  # a damaged cache entry: convert again
     try:
         tok = AutoTokenizer.from_pretrained(str(gguf_file.path.parent), gguf_file=gguf_file.path.name)
     except Exception as exc:
@@ -279,12 +339,27 @@ def hf_tokenizer_from_gguf(path: str | Path) -> Any:
     template = gguf_file.chat_template
     if template and not getattr(tok, "chat_template", None):
         tok.chat_template = template
+    if cache:
+        _save_tokenizer(tok, folder)
     return tok
+
+
+def _save_tokenizer(tok: Any, folder: Path) -> None:
+    """Save atomically (a temp folder renamed into place); a failure only skips the cache."""
+    tmp = folder.with_name(f".{folder.name}.{os.getpid()}.tmp")
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        tok.save_pretrained(str(tmp))
+        os.replace(tmp, folder)
+    except OSError:
+        pass
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def gguf_eos_token_ids(path: str | Path) -> list[int]:
     """The end-of-sequence token ids named in the GGUF metadata (eos, then eot/eom if any)."""
-    meta = GGUFFile(path).metadata
+    meta = open_gguf(path).metadata
     ids: list[int] = []
     for key in ("eos", "eot", "eom"):
         value = meta.get(f"tokenizer.ggml.{key}_token_id")

@@ -18,8 +18,8 @@ from localpaged.store.pulling import dir_size, pull_model, unknown_model
 from localpaged.store.registry import RegisteredModel
 
 if TYPE_CHECKING:
-    from localpaged.engine.client import ModelInfo
     from localpaged.model.gguf_loader import GGUFFile
+    from localpaged.model.info import ModelInfo
 
 
 class ModelNotPulledError(FileNotFoundError):
@@ -42,14 +42,11 @@ class ResolvedModel:
 
     def gguf(self) -> GGUFFile:
         """The opened GGUF file (opened once; GGUF models only)."""
-        from localpaged.model.gguf_loader import GGUFFile
+        from localpaged.model.gguf_loader import open_gguf
 
         if self.gguf_file is None:
             raise ValueError(f"{self.name} is not a GGUF model")
-        cached = self.__dict__.get("_gguf")
-        if cached is None:
-            cached = self.__dict__["_gguf"] = GGUFFile(self.gguf_file)
-        return cached
+        return open_gguf(self.gguf_file)
 
     def hf_config(self) -> dict[str, Any]:
         """The model's HF config dict (read from config.json, or built from GGUF metadata)."""
@@ -83,7 +80,7 @@ class ResolvedModel:
 
     def model_info(self) -> ModelInfo:
         """What the UIs and the API show about this model."""
-        from localpaged.engine.client import ModelInfo
+        from localpaged.model.info import ModelInfo
 
         config = self.hf_config()
         arch = str(config.get("model_type", "llama"))
@@ -154,9 +151,9 @@ def _from_path(p: Path) -> ResolvedModel:
     if p.is_file():
         if p.suffix != ".gguf":
             raise ValueError(f"{p}: a model file must be a .gguf file (or give an HF model folder)")
-        from localpaged.model.gguf_loader import GGUFFile
+        from localpaged.model.gguf_loader import open_gguf
 
-        GGUFFile(p)  # validate now: a clear error naming the file
+        open_gguf(p)  # validate now: a clear error naming the file
         return ResolvedModel(p.stem, p, "gguf", gguf_file=p, size_bytes=p.stat().st_size)
     config = p / "config.json"
     if not config.is_file():
