@@ -79,6 +79,7 @@ class ChatScreen(Screen[None]):
                 continue
         if not self.views:
             await self.action_new_tab()
+        self.action_go_tab(1)
         self.save_tabs()
         self.refresh_status()
         self.set_interval(0.5, self.refresh_status)
@@ -122,8 +123,9 @@ class ChatScreen(Screen[None]):
                 return view
         app = self.chat_app
         conv = app.history.load(conv_id)
+        model = app.client.model_name if app.client is not None else None
         return await self.add_session(
-            ChatSession.from_conversation(app.history, conv, app.model_name), save=save)
+            ChatSession.from_conversation(app.history, conv, model), save=save)
 
     async def action_new_tab(self) -> None:
         app = self.chat_app

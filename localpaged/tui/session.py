@@ -102,8 +102,12 @@ class ChatSession:
         return cls(history, conv_id, model=model, settings=settings, **kw)
 
     @classmethod
-    def from_conversation(cls, history: History, conv: Conversation, model: str) -> ChatSession:
-        """A session for a saved conversation; its token ids are kept if the model is the same."""
+    def from_conversation(cls, history: History, conv: Conversation,
+                          model: str | None) -> ChatSession:
+        """A session for a saved conversation; its token ids are kept if the model is the same
+        (or not known yet: `set_model` decides once it is loaded)."""
+        if model is None:
+            model = conv.model
         ids = conv.token_ids if conv.model == model else None
         if conv.model != model:
             history.update_conversation(conv.id, model=model, token_ids=None)
@@ -144,6 +148,8 @@ class ChatSession:
 
     def set_model(self, model: str) -> None:
         """A new model: its tokens differ, so the exact ids start over."""
+        if model == self.model:
+            return
         self.model = model
         self._reset_ids()
         self.history.update_conversation(self.conv_id, model=model)

@@ -78,8 +78,9 @@ async def test_three_tabs_stream_concurrently(tmp_path: Path, local_client) -> N
             answer = v.session.messages[-1]
             assert answer.role == "assistant" and answer.status == "done"
             assert v.session.stats.output_tokens == 160
-        assert not any(str(screen(app).tabs.get_tab(f"conv-{v.session.conv_id}").label)
-                       .startswith(BUSY) for v in views)
+        await wait_for(pilot, lambda: not any(
+            str(screen(app).tabs.get_tab(f"conv-{v.session.conv_id}").label).startswith(BUSY)
+            for v in views))
 
 
 async def test_stop_mid_answer_keeps_the_partial_answer(tmp_path: Path, local_client) -> None:

@@ -1,0 +1,94 @@
+"""SVG snapshots (pytest-textual-snapshot) of the main screen, the settings modal and the
+engine screen. Deterministic: fixed terminal size, a conversation loaded from history, a fresh
+engine that has generated nothing (no timings on screen), no cursor blink."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from textual.pilot import Pilot
+from textual.widgets import Input, TextArea
+
+from localpaged.tui.app import ChatApp
+from localpaged.tui.history import History
+
+SIZE = (110, 32)
+
+ANSWER = """Paged attention stores the KV cache in fixed-size **blocks**, like pages of virtual
+memory, so many chats share one pool without fragmentation.
+
+```python
+block_table = [7, 3, 12]  # logical block i -> physical block
+slot = block_table[pos // 16] * 16 + pos % 16
+```
+
+A new turn reuses the blocks of the previous one through the *prefix cache*."""
+
+
+@pytest.fixture(scope="module")
+def fresh_client(tiny_chat_model: Path) -> Iterator[Any]:
+    """An engine of its own, so no other test's counters show in the snapshots."""
+    from localpaged.engine.async_engine import LocalClient
+
+    client = LocalClient.from_model(str(tiny_chat_model), dtype="float32", device="cpu",
+                                    num_kv_blocks=512, max_model_len=1024)
+    yield client
+    client.async_engine.close()
+
+
+def app_with_history(tmp_path: Path, client: Any) -> ChatApp:
+    history = History(tmp_path / "history.sqlite3")
+    a = history.create("Paged attention", model=client.model_name)
+    history.add_message(a, "user", "What is paged attention? Show me the block table.")
+    history.add_message(a, "assistant", ANSWER)
+    history.add_message(a, "user", "And how do chats share blocks?")
+    history.add_message(a, "assistant", "Each chat keeps the exact token ids of its turns", "streaming")
+    b = history.create("Rust lifetimes", model=client.model_name)
+    history.add_message(b, "user", "Explain 'a in one line.")
+    history.set_open_tabs([a, b])
+    return ChatApp(history, client=client, owns_client=False)
+
+
+async def no_blink(pilot: Pilot) -> None:
+    await pilot.pause()
+    for w in pilot.app.screen.query("TextArea, Input"):
+        assert isinstance(w, (TextArea, Input))
+        w.cursor_blink = False
+
+
+def test_main_screen(snap_compare, tmp_path: Path, fresh_client) -> None:
+    assert snap_compare(app_with_history(tmp_path, fresh_client), terminal_size=SIZE,
+                        run_before=no_blink)
+
+
+def test_settings_modal(snap_compare, tmp_path: Path, fresh_client) -> None:
+    async def open_settings(pilot: Pilot) -> None:
+        await no_blink(pilot)
+        await pilot.press("ctrl+o")
+        await no_blink(pilot)
+
+    assert snap_compare(app_with_history(tmp_path, fresh_client), terminal_size=SIZE,
+                        run_before=open_settings)
+
+
+def test_engine_screen(snap_compare, tmp_path: Path, fresh_client) -> None:
+    async def open_engine(pilot: Pilot) -> None:
+        await no_blink(pilot)
+        await pilot.press("ctrl+g")
+        await pilot.pause(0.1)
+
+    assert snap_compare(app_with_history(tmp_path, fresh_client), terminal_size=SIZE,
+                        run_before=open_engine)
+
+
+def test_sidebar(snap_compare, tmp_path: Path, fresh_client) -> None:
+    async def open_sidebar(pilot: Pilot) -> None:
+        await no_blink(pilot)
+        await pilot.press("ctrl+b")
+        await no_blink(pilot)
+
+    assert snap_compare(app_with_history(tmp_path, fresh_client), terminal_size=SIZE,
+                        run_before=open_sidebar)
