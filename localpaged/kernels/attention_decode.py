@@ -122,6 +122,14 @@ def _reduce_kernel(
              mask=d < HEAD_DIM)
 
 
+def kv_tile(head_dim: int, elem_size: int) -> int:
+    """Tokens per K/V tile: 16 KiB tiles on GPUs (fits the 99 KiB of shared memory of sm_86/89
+    too, see aot_check), 16 tokens in the interpreter."""
+    if interpreter_active():
+        return 16
+    return max(16, min(64, 16384 // (next_pow2(head_dim, 16) * elem_size)))
+
+
 @functools.lru_cache(maxsize=8)
 def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
@@ -158,7 +166,7 @@ def paged_decode_attention(
     out = torch.empty_like(query)
     if num_seqs == 0:
         return out
-    tile_n = 16 if query.device.type != "cuda" else (32 if head_dim > 128 else 64)
+    tile_n = kv_tile(head_dim, k_cache.element_size())
     max_seq_len = max(1, meta.max_seq_len)
     if num_splits is None:
         num_splits = choose_num_splits(num_seqs, num_kv_heads, max_seq_len, query.device)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from localpaged.kernels._triton import interpreter_active, jit, next_pow2, tl
+from localpaged.kernels.attention_decode import kv_tile
 
 if TYPE_CHECKING:
     from localpaged.kernels.attention import AttentionMetadata
@@ -110,11 +111,11 @@ def paged_prefill_attention(
     out = torch.empty_like(query)
     if num_tokens == 0 or meta.num_seqs == 0:
         return out
-    on_gpu = query.device.type == "cuda"
     g_pad = next_pow2(group)
-    block_m = max(64 if on_gpu else 32, g_pad)
+    # Rows per program: 64 on GPUs (32 for fp32: shared memory), 32 in the interpreter.
+    block_m = max(32 if interpreter_active() or k_cache.element_size() > 2 else 64, g_pad)
     block_q = block_m // g_pad
-    tile_n = (32 if head_dim > 128 else 64) if on_gpu else 16
+    tile_n = kv_tile(head_dim, k_cache.element_size())
     grid = (meta.num_seqs, -(-max(1, meta.max_query_len) // block_q), num_kv_heads)
     _prefill_kernel[grid](
         query, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, out,
