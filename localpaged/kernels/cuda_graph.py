@@ -17,6 +17,7 @@ from __future__ import annotations
 import bisect
 import os
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -50,7 +51,7 @@ class CudaGraphRunner:
         self.pad_values = {"slot_mapping": -1, **(pad_values or {})}
         self.enabled = graphs_enabled(enabled)
         self.buffers: dict[str, torch.Tensor] = {}
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.graphs: dict[int, Any] = {}  # batch size -> torch.cuda.CUDAGraph
         self.outputs: dict[int, torch.Tensor] = {}
 
     def capture(self, example: Mapping[str, torch.Tensor]) -> None:
@@ -62,22 +63,28 @@ class CudaGraphRunner:
         self.batch_sizes = [b for b in self.batch_sizes if b <= max_batch]
         self.buffers = {k: v.clone() for k, v in example.items()}
         pool = None
-        stream = torch.cuda.Stream()
         for size in reversed(self.batch_sizes):  # largest first: later ones reuse its pool
-            args = {k: v[:size] for k, v in self.buffers.items()}
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):  # warm up: Triton compiles outside the capture
-                self.fn(**args)
-            torch.cuda.current_stream().wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self.outputs[size] = self.fn(**args)
+            graph, self.outputs[size] = self._capture_one(
+                {k: v[:size] for k, v in self.buffers.items()}, pool)
             pool = graph.pool()
             self.graphs[size] = graph
+
+    def _capture_one(self, args: dict[str, torch.Tensor], pool: object) -> tuple[Any, torch.Tensor]:
+        """Warm `fn` up on a side stream (Triton compiles outside the capture), then capture."""
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            self.fn(**args)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            out = self.fn(**args)
         torch.cuda.synchronize()
+        return graph, out
 
     def __call__(self, **inputs: torch.Tensor) -> torch.Tensor:
-        """fn(**inputs), replayed from the graph of the next captured batch size if any."""
+        """fn(**inputs), replayed from the graph of the next captured batch size if any. The
+        result is a view of the graph's static output: use it before the next call."""
         n = next(iter(inputs.values())).shape[0]
         size = padded_batch_size(n, self.graphs) if self.graphs else None
         if size is None:

@@ -26,6 +26,52 @@ def test_switched_off_runs_eagerly(monkeypatch: pytest.MonkeyPatch) -> None:
     assert torch.equal(runner(x=torch.arange(3.0)), torch.tensor([0.0, 2.0, 4.0]))
 
 
+class _ReplayOnCpu(CudaGraphRunner):
+    """Stands in a "graph" that re-runs fn on the static buffers, to test the padding and
+    buffer logic where there is no GPU."""
+
+    def _capture_one(self, args: dict[str, torch.Tensor], pool: object
+                     ) -> tuple[object, torch.Tensor]:
+        out = self.fn(**args)
+        runner = self
+
+        class Graph:
+            def replay(self) -> None:
+                out.copy_(runner.fn(**args))
+
+            def pool(self) -> None:
+                return None
+
+        return Graph(), out
+
+
+def test_replay_pads_inputs_and_slices_outputs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("LOCALPAGED_CUDA_GRAPHS", raising=False)
+    seen: list[dict[str, torch.Tensor]] = []
+
+    def fn(x: torch.Tensor, slot_mapping: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
+        seen.append({"x": x.clone(), "slot_mapping": slot_mapping.clone(), "tables": tables.clone()})
+        return x * 2 + tables.sum(-1, keepdim=True)
+
+    runner = _ReplayOnCpu(fn, batch_sizes=[1, 2, 4, 16], pad_values={"tables": 7})
+    runner.capture(dict(x=torch.zeros(4, 3), slot_mapping=torch.zeros(4, dtype=torch.long),
+                        tables=torch.zeros(4, 5, dtype=torch.int32)))
+    assert sorted(runner.graphs) == [1, 2, 4]  # sizes above the example's batch are dropped
+    big = dict(x=torch.ones(4, 3), slot_mapping=torch.arange(4), tables=torch.ones(4, 5,
+                                                                                   dtype=torch.int32))
+    torch.testing.assert_close(runner(**big), torch.full((4, 3), 7.0))
+    small = dict(x=torch.full((3, 3), 2.0), slot_mapping=torch.tensor([5, 6, 7]),
+                 tables=torch.ones(3, 2, dtype=torch.int32))  # narrower tables
+    out = runner(**small)
+    assert out.shape == (3, 3)
+    last = seen[-1]  # what the replayed graph saw: padded to 4 rows, nothing left from `big`
+    assert last["slot_mapping"].tolist() == [5, 6, 7, -1]
+    assert last["tables"].tolist() == [[1, 1, 7, 7, 7]] * 3 + [[7] * 5]
+    torch.testing.assert_close(out, torch.full((3, 3), 4.0 + 23))
+    assert torch.equal(runner(x=torch.ones(5, 3), slot_mapping=torch.arange(5),
+                              tables=torch.zeros(5, 5, dtype=torch.int32)), torch.full((5, 3), 2.0))
+
+
 def _decode_step(k_cache: torch.Tensor, v_cache: torch.Tensor, max_seq_len: int,
                  scale: float) -> Callable[..., torch.Tensor]:
     """A decode "forward" over fixed caches, as the engine's would close over its model."""
