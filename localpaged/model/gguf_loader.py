@@ -215,32 +215,53 @@ class GGUFFile:
             shape = tuple(int(d) for d in reversed(t.shape.tolist()))
             yield RawTensor(hf, t.name, t.tensor_type.name, shape, t.data)
 
-    def weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """HF-named float32 tensors, dequantized and with llama.cpp's q/k permutation undone."""
+    def _rotary_heads(self, raw: RawTensor, config: dict[str, Any]) -> int | None:
+        """The head count to undo llama.cpp's q/k permutation with, or None."""
+        if self.architecture not in _PERMUTED_ARCHS:
+            return None
+        if ".attn_q." in raw.gguf_name:
+            return int(config["num_attention_heads"])
+        if ".attn_k." in raw.gguf_name:
+            return int(config["num_key_value_heads"])
+        return None
+
+    def _dense(self, raw: RawTensor, config: dict[str, Any]) -> torch.Tensor:
         from gguf import GGMLQuantizationType
         from gguf.quants import dequantize
 
+        if raw.type_name not in SUPPORTED_TYPES:
+            raise ValueError(
+                f"{self.path}: tensor {raw.gguf_name} has GGML type {raw.type_name}; "
+                f"supported: {', '.join(SUPPORTED_TYPES)}"
+            )
+        try:
+            values = dequantize(np.asarray(raw.data), GGMLQuantizationType[raw.type_name])
+            values = values.astype(np.float32, copy=False).reshape(raw.shape)
+        except Exception as exc:
+            raise ValueError(
+                f"{self.path}: cannot read tensor {raw.gguf_name} ({raw.type_name}): {exc}"
+            ) from None
+        heads = self._rotary_heads(raw, config)
+        if heads:
+            values = unpermute_rotary(values, heads)
+        return torch.from_numpy(np.array(values, dtype=np.float32, copy=True))
+
+    def weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """HF-named float32 tensors, dequantized and with llama.cpp's q/k permutation undone."""
         config = self.hf_config()
-        permute = self.architecture in _PERMUTED_ARCHS
         for raw in self.raw_tensors():
-            if raw.type_name not in SUPPORTED_TYPES:
-                raise ValueError(
-                    f"{self.path}: tensor {raw.gguf_name} has GGML type {raw.type_name}; "
-                    f"supported: {', '.join(SUPPORTED_TYPES)}"
-                )
-            qtype = GGMLQuantizationType[raw.type_name]
-            try:
-                values = dequantize(np.asarray(raw.data), qtype).astype(np.float32, copy=False)
-                values = values.reshape(raw.shape)
-            except Exception as exc:
-                raise ValueError(
-                    f"{self.path}: cannot read tensor {raw.gguf_name} ({raw.type_name}): {exc}"
-                ) from None
-            if permute and ".attn_q." in raw.gguf_name:
-                values = unpermute_rotary(values, config["num_attention_heads"])
-            elif permute and ".attn_k." in raw.gguf_name:
-                values = unpermute_rotary(values, config["num_key_value_heads"])
-            yield raw.name, torch.from_numpy(np.array(values, dtype=np.float32, copy=True))
+            yield raw.name, self._dense(raw, config)
+
+    def int4_weights(self) -> Iterator[tuple[str, Any]]:
+        """Like `weights()`, but Q4_0/Q4_1 matrices come as `localpaged.quant.layout.Int4Weight`
+        (group size 32) and stay 4-bit: Q4_0 is `(q - 8) * d`, Q4_1 `d * q + m` (zero point
+        `-m / d`). Every other tensor is dequantized to float32 as in `weights()`."""
+        config = self.hf_config()
+        for raw in self.raw_tensors():
+            if raw.type_name in ("Q4_0", "Q4_1") and len(raw.shape) == 2:
+                yield raw.name, q4_to_int4(raw, self._rotary_heads(raw, config))
+            else:
+                yield raw.name, self._dense(raw, config)
 
     @property
     def chat_template(self) -> str | None:
@@ -291,6 +312,33 @@ def open_gguf(path: str | Path) -> GGUFFile:
         _OPEN.clear()  # keep one: a process serves one model
         _OPEN[key] = cached
     return cached
+
+
+def q4_to_int4(raw: RawTensor, rotary_heads: int | None = None) -> Any:
+    """A GGUF Q4_0 / Q4_1 matrix as an `Int4Weight` (exactly the same values), with llama.cpp's
+    q/k row permutation undone when `rotary_heads` is given."""
+    from localpaged.quant.layout import from_codes
+
+    n, k = raw.shape
+    if k % 32:
+        raise ValueError(f"tensor {raw.gguf_name}: {k} input features is not a multiple of 32")
+    offset = 4 if raw.type_name == "Q4_1" else 2
+    blocks = np.asarray(raw.data, dtype=np.uint8).reshape(n, k // 32, offset + 16)
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)  # [N, G]
+    qs = blocks[..., offset:]
+    codes = np.concatenate([qs & 0xF, qs >> 4], axis=-1).reshape(n, k)  # low nibbles first
+    if raw.type_name == "Q4_1":
+        m = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+        nonzero = d != 0
+        zeros = np.where(nonzero, -m / np.where(nonzero, d, 1), -1.0)  # d == 0: all codes are 0
+        scales = np.where(nonzero, d, m)
+    else:
+        scales, zeros = d, np.full_like(d, 8.0)
+    if rotary_heads:
+        codes, scales, zeros = (unpermute_rotary(a, rotary_heads) for a in (codes, scales, zeros))
+    return from_codes(torch.from_numpy(codes.T.astype(np.int32)),
+                      torch.from_numpy(np.ascontiguousarray(scales.T, dtype=np.float32)),
+                      torch.from_numpy(np.ascontiguousarray(zeros.T, dtype=np.float32)), 32)
 
 
 def read_gguf(path: str | Path) -> tuple[dict[str, Any], Iterator[tuple[str, torch.Tensor]]]:

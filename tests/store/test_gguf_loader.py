@@ -171,3 +171,43 @@ def test_corrupt_bytes_never_crash_outside_value_error(tmp_path, data):
             pass
     except ValueError as exc:
         assert "corrupt.gguf" in str(exc)
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1"])
+def test_int4_weights_keep_q4_exact(tmp_path, qtype):
+    """Q4_0/Q4_1 matrices map onto the quant room's Int4Weight with the very same values
+    (q/k permutation undone on codes, scales and zeros alike)."""
+    from localpaged.model.gguf_loader import open_gguf
+    from localpaged.quant.layout import Int4Weight
+
+    gguf = open_gguf(write_tiny_gguf(tmp_path / f"t-{qtype}.gguf", qtype))
+    dense = dict(gguf.weights())
+    packed = dict(gguf.int4_weights())
+    assert set(packed) == set(dense)
+    for name, value in packed.items():
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(value, dense[name]), name  # norms: float as before
+            continue
+        assert isinstance(value, Int4Weight) and value.group_size == 32, name
+        torch.testing.assert_close(value.dequantize(), dense[name], rtol=0, atol=1e-6)
+
+
+@pytest.mark.smollm
+def test_int4_weights_of_real_smollm_layer0(smollm_gguf):
+    from localpaged.model.gguf_loader import open_gguf
+
+    gguf = open_gguf(smollm_gguf)
+    dense = {}
+    for name, value in gguf.weights():
+        if name.startswith("model.layers.0."):
+            dense[name] = value
+        elif dense:
+            break
+    for name, value in gguf.int4_weights():
+        if name in dense and not isinstance(value, torch.Tensor):
+            torch.testing.assert_close(value.dequantize(), dense[name], rtol=0, atol=1e-6)
+            dense.pop(name)
+        if name.startswith("model.layers.1."):
+            break
+    assert set(dense) == {"model.layers.0.input_layernorm.weight",
+                          "model.layers.0.post_attention_layernorm.weight"}
