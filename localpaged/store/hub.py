@@ -76,7 +76,12 @@ def list_repo(repo: str, revision: str, endpoint: str | None) -> tuple[str, list
 
     try:
         info = HfApi(endpoint=endpoint).model_info(repo, revision=revision, files_metadata=True)
-    except (RepositoryNotFoundError, RevisionNotFoundError, GatedRepoError) as exc:
+    except GatedRepoError as exc:
+        raise SourceUnavailable(
+            f"{repo} is gated: accept its license on the hub, then log in (`hf auth login`) "
+            "or set HF_TOKEN"
+        ) from exc
+    except (RepositoryNotFoundError, RevisionNotFoundError) as exc:
         raise SourceUnavailable(f"{repo}@{revision} not found or not accessible ({type(exc).__name__})") from exc
     except OfflineModeIsEnabled as exc:
         raise SourceUnavailable("HF_HUB_OFFLINE is set") from exc

@@ -146,6 +146,16 @@ def _from_registered(m: RegisteredModel) -> ResolvedModel:
     )
 
 
+def describe(model: RegisteredModel) -> RegisteredModel:
+    """Fill `family`, `quantization`, `parameter_count` (and the context length, if the
+    catalog gave none) from the model's files; ValueError if they are not a usable model."""
+    info = _from_registered(model).model_info()
+    model.family, model.quantization = info.family, info.quantization
+    model.parameter_count = info.parameter_count
+    model.context_length = model.context_length or info.context_length or None
+    return model
+
+
 def _from_path(p: Path) -> ResolvedModel:
     p = p.expanduser().resolve()
     if p.is_file():
@@ -226,7 +236,7 @@ def import_gguf(file: str | Path, name: str) -> RegisteredModel:
         size_bytes=path.stat().st_size, gguf_file=path.name, digest=f"sha256:{sha.hexdigest()}",
         context_length=int(config["max_position_embeddings"]),
     )
-    registry.add(model)
+    registry.add(describe(model))
     return model
 
 

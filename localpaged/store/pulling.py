@@ -240,5 +240,12 @@ def _install(spec: PullSpec, staging: Path, fetched: Fetched) -> RegisteredModel
         context_length=spec.context_length,
         chat_template=spec.chat_template,
     )
+    from localpaged.store.lookup import describe
+
+    try:
+        describe(model)
+    except ValueError as exc:
+        shutil.rmtree(final, ignore_errors=True)
+        raise ValueError(f"the files pulled for {spec.name} are not a usable model: {exc}") from None
     registry.add(model)
     return model

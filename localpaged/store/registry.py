@@ -35,6 +35,9 @@ class RegisteredModel:
     digest: str = ""  # "sha256:..." of the GGUF file, or the hub commit
     context_length: int | None = None
     chat_template: str | None = None  # catalog override, if any
+    family: str = ""  # e.g. "llama", "qwen2" (for /api/tags)
+    quantization: str = ""  # e.g. "Q4_1", "BF16", "AWQ-4bit-g128"
+    parameter_count: int = 0
 
     @property
     def full_path(self) -> Path:

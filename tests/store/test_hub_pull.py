@@ -49,6 +49,7 @@ def test_pull_downloads_only_needed_files_and_registers(hub, store_home, repo_fi
     events = []
     model = store.pull("tiny:test", progress=events.append)
     assert model.format == "safetensors" and model.source == f"hub:{REPO}@{COMMIT}"
+    assert (model.family, model.context_length) == ("llama", 512) and model.parameter_count > 0
     folder = store_home / model.path
     assert sorted(p.name for p in folder.iterdir()) == [
         "config.json", "generation_config.json", "model.safetensors"]
@@ -144,3 +145,13 @@ def test_gguf_entry_pulls_only_its_file(fake_hub, fake_repo, store_home, monkeyp
     assert resolved.format == "gguf" and resolved.path == resolved.gguf_file
     assert resolved.path.read_bytes() == gguf_bytes
     assert resolved.hf_config()["num_hidden_layers"] == 1
+
+
+def test_unusable_files_are_not_registered(fake_hub, fake_repo, store_home, monkeypatch, repo_files):
+    files = {"config.json": b"{ this is not json", "model.safetensors": repo_files["model.safetensors"]}
+    with fake_hub(fake_repo("org/broken", COMMIT, files, lfs={"model.safetensors"})) as hub:
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        with pytest.raises(ValueError, match=r"org/broken.*config\.json"):
+            store.pull("org/broken", progress=False)
+    _nothing_registered(store_home)
+    assert not (store_home / "models" / "org--broken").exists()
