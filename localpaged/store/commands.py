@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from localpaged.store.catalog import load_catalog
+from localpaged.store.lookup import ModelNotPulledError, list_pulled, remove, resolve
 from localpaged.store.lookup import import_gguf as _import_gguf
-from localpaged.store.lookup import list_pulled, remove, resolve
 from localpaged.store.progress import human_size
 from localpaged.store.pulling import pull_model
 
@@ -34,7 +35,18 @@ def list_models(args: argparse.Namespace) -> int:
 
 def show(args: argparse.Namespace) -> int:
     """`localpaged show NAME`: architecture, quantization, context, template."""
-    model = resolve(args.model, pull=False)
+    try:
+        model = resolve(args.model, pull=False)
+    except ModelNotPulledError:
+        entry = load_catalog().get(args.model)
+        if entry is None:
+            raise
+        for key, value in (("name", entry.name), ("repo", f"{entry.repo}@{entry.revision}"),
+                           ("format", entry.format), ("context length", str(entry.context_length)),
+                           ("size", entry.size), ("description", entry.description)):
+            print(f"  {key:<15} {value}")
+        print(f"  not pulled yet: run `localpaged pull {entry.name}`")
+        return 0
     info = model.model_info()
     params = f"{info.parameter_count / 1e6:.0f}M" if info.parameter_count else "unknown"
     lines = [

@@ -21,6 +21,10 @@ _HF_PATTERNS = (
 )
 
 
+# A hub that does not answer (a firewall dropping packets) is given up on after this long.
+LISTING_TIMEOUT_S = float(os.environ.get("LOCALPAGED_HUB_TIMEOUT", "20"))
+
+
 class SourceUnavailable(RuntimeError):
     """This source cannot serve the model right now (unreachable, offline, not found): the
     next source may be tried."""
@@ -75,7 +79,9 @@ def list_repo(repo: str, revision: str, endpoint: str | None) -> tuple[str, list
     )
 
     try:
-        info = HfApi(endpoint=endpoint).model_info(repo, revision=revision, files_metadata=True)
+        info = HfApi(endpoint=endpoint).model_info(
+            repo, revision=revision, files_metadata=True, timeout=LISTING_TIMEOUT_S
+        )
     except GatedRepoError as exc:
         raise SourceUnavailable(
             f"{repo} is gated: accept its license on the hub, then log in (`hf auth login`) "

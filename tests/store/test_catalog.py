@@ -115,3 +115,12 @@ def test_built_wheel_ships_the_catalog(tmp_path):
     with zipfile.ZipFile(wheel) as zf:
         shipped = zf.read("localpaged/data/models.toml")
     assert shipped == (ROOT / "models.toml").read_bytes()
+
+
+def test_show_an_unpulled_catalog_model(store_home, capsys):
+    from localpaged.cli import main
+
+    assert main(["show", "qwen2.5:7b-awq"]) == 0
+    out = capsys.readouterr().out
+    assert "Qwen/Qwen2.5-7B-Instruct-AWQ@main" in out and "32768" in out
+    assert "run `localpaged pull qwen2.5:7b-awq`" in out
