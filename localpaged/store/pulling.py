@@ -148,7 +148,8 @@ def sources_for(spec: PullSpec) -> list[Source]:
 
 
 @contextlib.contextmanager
-def _pull_lock(name: str) -> Iterator[None]:
+def _pull_lock(name: str, report: ProgressFn) -> Iterator[None]:
+    """One pull of `name` at a time (across processes); a second one waits for the first."""
     path = staging_dir() / f"{dirname_for(name)}.lock"
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as f:
@@ -156,7 +157,8 @@ def _pull_lock(name: str) -> Iterator[None]:
             try:
                 fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                raise RuntimeError(f"another pull of {name} is running (lock {path})") from None
+                report(PullProgress(f"waiting for another pull of {name} to finish"))
+                fcntl.flock(f, fcntl.LOCK_EX)
         try:
             yield
         finally:
@@ -179,14 +181,13 @@ def pull_model(name: str, progress: bool | ProgressFn = True) -> RegisteredModel
     none could serve the model, IntegrityError on a hash mismatch."""
     report = reporter(progress)
     check_name(name)
-    existing = registry.get(name)
-    if existing is not None and existing.weights_path.exists():
-        report(PullProgress(f"{name} is already pulled ({existing.source})"))
-        report(PullProgress("success"))
+    if (existing := _already_pulled(name, report)) is not None:
         return existing
     spec = spec_for(name)
     staging = staging_dir() / dirname_for(name)
-    with _pull_lock(name):
+    with _pull_lock(name, report):
+        if (existing := _already_pulled(name, report)) is not None:
+            return existing  # by the pull we waited for
         try:
             fetched, folder = _fetch(spec, staging, report)
             model = _install(spec, folder, fetched)
@@ -203,6 +204,15 @@ def pull_model(name: str, progress: bool | ProgressFn = True) -> RegisteredModel
     report(PullProgress(f"registered {name} ({fetched.format}, {model.size_bytes:,} bytes)"))
     report(PullProgress("success"))
     return model
+
+
+def _already_pulled(name: str, report: ProgressFn) -> RegisteredModel | None:
+    existing = registry.get(name)
+    if existing is None or not existing.weights_path.exists():
+        return None
+    report(PullProgress(f"{name} is already pulled ({existing.source})"))
+    report(PullProgress("success"))
+    return existing
 
 
 def _fetch(spec: PullSpec, staging: Path, report: ProgressFn) -> tuple[Fetched, Path]:

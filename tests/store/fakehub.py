@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote, urlsplit
@@ -29,6 +30,7 @@ class Faults:
     drop_after: dict[str, int] = field(default_factory=dict)  # cut the first GET after N bytes
     fail_retries: set[str] = field(default_factory=set)  # GETs after a drop answer 500
     corrupt: set[str] = field(default_factory=set)  # same size, other bytes
+    delay: dict[str, float] = field(default_factory=dict)  # seconds before answering a GET
 
 
 class FakeHub:
@@ -120,6 +122,7 @@ class FakeHub:
                 repo, name = found
                 rng = self.headers.get("Range")
                 hub.log.append(("GET", name, rng))
+                time.sleep(hub.faults.delay.get(name, 0.0))
                 data = repo.files[name]
                 if name in hub.faults.corrupt:
                     data = bytes(b ^ 0xFF for b in data)

@@ -155,3 +155,18 @@ def test_unusable_files_are_not_registered(fake_hub, fake_repo, store_home, monk
             store.pull("org/broken", progress=False)
     _nothing_registered(store_home)
     assert not (store_home / "models" / "org--broken").exists()
+
+
+def test_concurrent_pulls_of_one_model_download_once(hub, store_home):
+    """A second pull of the same name waits for the first and then finds it registered."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    hub.faults.delay["model.safetensors"] = 1.0
+    events: list[str] = []
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(lambda _: store.pull("tiny:test", progress=lambda e: events.append(e.status)),
+                                range(2)))
+    assert results[0] == results[1] and registry.all_models() == [results[0]]
+    assert len(hub.gets("model.safetensors")) == 1
+    assert "waiting for another pull of tiny:test to finish" in events
+    assert "tiny:test is already pulled (hub:testorg/tiny-llama@" + COMMIT + ")" in events
