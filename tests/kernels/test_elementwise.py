@@ -117,3 +117,25 @@ def test_silu_and_mul(device: str, dtype: torch.dtype, inter: int) -> None:
     torch.testing.assert_close(out, silu_and_mul_torch(x), **tolerance(dtype))
     x3 = x.view(5, 1, 2 * inter)
     assert silu_and_mul_triton(x3).shape == (5, 1, inter)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotary_llama3_scaled_table_at_long_positions(device: str, dtype: torch.dtype) -> None:
+    """Llama 3 rope scaling lives in the table (localpaged.model.rope); the kernel reads it."""
+    from localpaged.model.config import ModelConfig
+    from localpaged.model.rope import build_cos_sin
+
+    config = ModelConfig(
+        architecture="LlamaForCausalLM", vocab_size=8, hidden_size=256, intermediate_size=8,
+        num_layers=1, num_heads=2, num_kv_heads=1, head_dim=128, rope_theta=500000.0,
+        max_position_embeddings=8192,
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                      "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})
+    cos_sin = build_cos_sin(config, device)
+    q = _randn(4, 2, 128, dtype=dtype, device=device)
+    k = _randn(4, 1, 128, dtype=dtype, device=device, seed=1)
+    positions = torch.tensor([0, 1, 4097, 8191], device=device)
+    ref_q, ref_k = apply_rotary_torch(q, k, positions, cos_sin)
+    apply_rotary_triton(q, k, positions, cos_sin)
+    torch.testing.assert_close(q, ref_q, **tolerance(dtype))
+    torch.testing.assert_close(k, ref_k, **tolerance(dtype))
