@@ -76,6 +76,30 @@ def unpermute_rotary(weight: np.ndarray, n_heads: int) -> np.ndarray:
     return np.ascontiguousarray(w.swapaxes(1, 2).reshape(weight.shape))
 
 
+def llama3_rope_factors(theta: float, head_dim: int, factor: float, low: float, high: float,
+                        original: int) -> np.ndarray:
+    """The per-frequency divisors llama.cpp stores as `rope_freqs.weight` for Llama 3.x."""
+    freqs = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    wavelen = 2 * np.pi / freqs
+    smooth = (original / wavelen - low) / (high - low)
+    out = 1.0 / ((1 - smooth) / factor + smooth)
+    out = np.where(wavelen < original / high, 1.0, out)
+    return np.where(wavelen > original / low, factor, out)
+
+
+def llama3_rope_scaling(rope_freqs: np.ndarray, theta: float, head_dim: int, path: Path) -> dict:
+    """HF's `rope_scaling` for a GGUF's `rope_freqs` tensor: the Llama 3.x parameters that
+    reproduce it (the factors alone do not name them; the known ones are checked)."""
+    factor = float(rope_freqs.max())
+    for low, high, original in ((1.0, 4.0, 8192),):  # Llama 3.1, 3.2 and 3.3
+        want = llama3_rope_factors(theta, head_dim, factor, low, high, original)
+        if want.shape == rope_freqs.shape and np.allclose(want, rope_freqs, rtol=1e-4):
+            return {"rope_type": "llama3", "factor": factor, "low_freq_factor": low,
+                    "high_freq_factor": high, "original_max_position_embeddings": original}
+    raise ValueError(f"{path}: rope_freqs.weight does not match Llama 3 rope scaling; "
+                     "this rope variant is not supported")
+
+
 @dataclass
 class RawTensor:
     """One GGUF tensor as stored: HF name, GGML type name, HF shape and its bytes or values."""
@@ -198,6 +222,10 @@ class GGUFFile:
         factor = self.arch_key("rope.scaling.factor")
         if scaling in ("linear", "yarn") and factor:
             config["rope_scaling"] = {"rope_type": scaling, "factor": float(factor)}
+        freqs = next((t for t in self.reader.tensors if t.name == "rope_freqs.weight"), None)
+        if freqs is not None:
+            config["rope_scaling"] = llama3_rope_scaling(
+                np.asarray(freqs.data, dtype=np.float32), config["rope_theta"], head_dim, self.path)
         for key in ("bos", "eos", "padding"):
             value = self.metadata.get(f"tokenizer.ggml.{key}_token_id")
             if value is not None:

@@ -61,7 +61,7 @@ def gguf_name(hf: str) -> str:
 
 
 def write_tiny_gguf(path: Path, qtype: str = "Q8_0", weights: dict[str, np.ndarray] | None = None,
-                    tie: bool = False) -> Path:
+                    tie: bool = False, rope_freqs: np.ndarray | None = None) -> Path:
     """A 1-layer Llama GGUF whose 2-D weights are stored as `qtype` (F32, F16, Q8_0, Q4_0...)."""
     import gguf
     from gguf.quants import quantize
@@ -98,6 +98,8 @@ def write_tiny_gguf(path: Path, qtype: str = "Q8_0", weights: dict[str, np.ndarr
                 w.add_tensor(gguf_name(hf), quantize(value, kind), raw_dtype=kind)
         else:
             w.add_tensor(gguf_name(hf), value)
+    if rope_freqs is not None:
+        w.add_tensor("rope_freqs.weight", rope_freqs.astype(np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

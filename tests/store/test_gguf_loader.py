@@ -211,3 +211,28 @@ def test_int4_weights_of_real_smollm_layer0(smollm_gguf):
             break
     assert set(dense) == {"model.layers.0.input_layernorm.weight",
                           "model.layers.0.post_attention_layernorm.weight"}
+
+
+def test_llama3_rope_freqs_become_rope_scaling(tmp_path):
+    """llama.cpp stores Llama 3.x rope scaling as a `rope_freqs` tensor; the config gets the
+    parameters back, checked against transformers' own llama3 rope computation."""
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from localpaged.model.gguf_loader import llama3_rope_factors
+
+    freqs = llama3_rope_factors(10000.0, 16, 8.0, 1.0, 4.0, 8192)
+    assert freqs.min() == 1.0 and freqs.max() == 8.0 and ((freqs > 1) & (freqs < 8)).any()  # 3 regimes
+    config, weights = read_gguf(write_tiny_gguf(tmp_path / "l3.gguf", "F32", rope_freqs=freqs))
+    assert config["rope_scaling"] == {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                      "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    assert "rope_freqs.weight" not in dict(weights)
+    hf = LlamaConfig(hidden_size=64, num_attention_heads=4, rope_theta=10000.0,
+                     max_position_embeddings=256, rope_scaling=config["rope_scaling"])
+    inv_freq, _ = ROPE_INIT_FUNCTIONS["llama3"](hf, "cpu")
+    base = 1.0 / 10000.0 ** (np.arange(0, 16, 2) / 16)
+    np.testing.assert_allclose(base / inv_freq.numpy(), freqs, rtol=1e-5)
+
+    odd = write_tiny_gguf(tmp_path / "odd.gguf", "F32", rope_freqs=np.linspace(1, 3, 8))
+    with pytest.raises(ValueError, match=r"odd\.gguf: rope_freqs.weight does not match"):
+        read_gguf(odd)
