@@ -83,6 +83,12 @@ def build_model(
             continue
         if name == "lm_head.weight" and config.tie_word_embeddings:
             continue
+        if not isinstance(tensor, torch.Tensor):  # a 4-bit weight (GGUF Q4_0/Q4_1 Int4Weight)
+            from localpaged.quant.loader import install_int4
+
+            install_int4(model, name, tensor)
+            loaded.add(name)
+            continue
         param = params.get(name)
         if param is None:
             raise ValueError(f"unexpected tensor {name!r} (shape {tuple(tensor.shape)}) "

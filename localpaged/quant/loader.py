@@ -133,3 +133,31 @@ def _missing_message(prefix: str, leaf: str, layer: QuantLinear, spec: QuantSpec
     else:
         shapes = {"qweight": (k, n // 8), "qzeros": (groups, n // 8), "scales": (groups, n)}
     return f"tensor '{prefix}.{leaf}' is missing: expected shape {shapes[leaf]}"
+
+
+def install_int4(model: nn.Module, name: str, weight: Any) -> None:
+    """Put a ready 4-bit weight (`Int4Weight`, e.g. from a GGUF Q4_0/Q4_1 matrix) named
+    `<prefix>.weight` into `model` in place of the `nn.Linear` at `<prefix>`. A bias the
+    linear has stays shared with the model's parameters (so it still loads by name)."""
+    from localpaged.quant.layout import Int4Weight
+
+    prefix, _, leaf = name.rpartition(".")
+    linear = model.get_submodule(prefix)
+    if leaf != "weight" or not isinstance(weight, Int4Weight):
+        raise ValueError(f"tensor {name!r}: a 4-bit weight only fits a module's .weight")
+    if not isinstance(linear, nn.Linear):  # e.g. a Q4 token embedding: stored dense
+        param = linear.weight
+        if tuple(param.shape) != (weight.out_features, weight.in_features):
+            raise ValueError(f"tensor {name!r}: expected shape {tuple(param.shape)}, found "
+                             f"{(weight.out_features, weight.in_features)}")
+        with torch.no_grad():
+            param.copy_(weight.dequantize())
+        return
+    if (weight.out_features, weight.in_features) != (linear.out_features, linear.in_features):
+        raise ValueError(f"tensor {name!r}: expected shape {tuple(linear.weight.shape)}, found "
+                         f"{(weight.out_features, weight.in_features)}")
+    layer = QuantLinear.from_int4(weight, None, linear.weight.dtype, linear.weight.device)
+    if linear.bias is not None:
+        layer.bias = linear.bias
+    parent, _, child = prefix.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, child, layer)
