@@ -75,27 +75,28 @@ def gptq_quantize(
     scales = torch.zeros(groups, n)
     zeros = torch.zeros(groups, n)
     codes = torch.zeros(k, n, dtype=torch.int32)  # processing order
+    wt = w.t().contiguous()  # [K, N]: a column of W is a contiguous row here
     block = gs * max(1, 128 // gs) if gs < k else 128
     scale = zero = None
     for i1 in range(0, k, block):
         i2 = min(i1 + block, k)
-        w1 = w[:, i1:i2].clone()
+        w1 = wt[i1:i2].clone()
         err1 = torch.zeros_like(w1)
         hinv1 = hinv[i1:i2, i1:i2]
         for i in range(i2 - i1):
             col = i1 + i
             if col % gs == 0:  # a new group: its columns as updated so far
                 g_end = min(col + gs, k)
-                cols = w1[:, i : i + g_end - col] if g_end <= i2 else torch.cat(
-                    (w1[:, i:], w[:, i2:g_end]), dim=1)
-                scale, zero = gptq_params(cols, sym)
+                rows = w1[i : i + g_end - col] if g_end <= i2 else torch.cat(
+                    (w1[i:], wt[i2:g_end]))
+                scale, zero = gptq_params(rows.t(), sym)
                 scales[col // gs], zeros[col // gs] = scale, zero
-            q, deq = _quantize(w1[:, i], scale, zero)
+            q, deq = _quantize(w1[i], scale, zero)
             codes[col] = q.to(torch.int32)
-            err = (w1[:, i] - deq) / hinv1[i, i]
-            w1[:, i:] -= err.unsqueeze(1) @ hinv1[i, i:].unsqueeze(0)
-            err1[:, i] = err
-        w[:, i2:] -= err1 @ hinv[i1:i2, i2:]
+            err = (w1[i] - deq) / hinv1[i, i]
+            w1[i:].addr_(hinv1[i, i:], err, alpha=-1)  # lazy update inside the block
+            err1[i] = err
+        wt[i2:].addmm_(hinv[i1:i2, i2:].t(), err1, alpha=-1)  # then the rest, once per block
     invperm = torch.argsort(perm)
     g_idx = (torch.arange(k) // gs)[invperm].to(torch.int32)
     return QuantizedLayer(codes[invperm], scales, zeros.to(torch.int32), g_idx, gs)
