@@ -3,9 +3,9 @@
 Devices:
 * CUDA: the Triton W4A16 GEMM (`localpaged.quant.triton_w4a16`) on the internal layout.
 * CPU: torch's weight-only int4 matmul (`aten._weight_int4pack_mm_for_cpu`), converted once
-  at load (N % 16 == 0, K % 32 == 0, group size a multiple of 32). It runs in the
-  activations' dtype: bfloat16 is the fast path, float32 the exact one. Other shapes, and
-  `LOCALPAGED_INT4_CPU=dequant`, dequantize per call and use a dense matmul.
+  at load (N % 16 == 0, K % 32 == 0, group size a multiple of 32) for bfloat16 / float16
+  layers: the fast path. Float32 layers (the exact path), other shapes, and
+  `LOCALPAGED_INT4_CPU=dequant` dequantize per call and use a dense matmul.
 """
 
 from __future__ import annotations
@@ -18,6 +18,9 @@ from torch import nn
 from localpaged.quant.layout import Int4Weight
 
 CPU_GROUP_SIZES = (256, 128, 64, 32)  # what the CPU int4 op accepts
+# The CPU op in float32 is several times slower than a dense float32 matmul (benchmarks/w4a16.py):
+# float32 layers (the exact path) dequantize per call instead.
+CPU_DTYPES = (torch.bfloat16, torch.float16)
 
 
 def _cpu_int4_ok() -> bool:
@@ -90,7 +93,8 @@ class QuantLinear(nn.Module):
         w = w.to(device, self.dtype)
         self.group_size = w.group_size
         self.perm = w.perm
-        sub = cpu_subgroup(w) if device.type == "cpu" and _cpu_int4_ok() else None
+        fast = device.type == "cpu" and self.dtype in CPU_DTYPES and _cpu_int4_ok()
+        sub = cpu_subgroup(w) if fast else None
         if sub is not None:
             self.cpu_group_size = sub
             self.cpu_packed, self.cpu_scale_zeros = to_cpu_int4pack(w, sub, self.dtype)

@@ -63,6 +63,7 @@ def test_quant_linear_act_order_through_kernel(monkeypatch: pytest.MonkeyPatch) 
     ref = x @ w.dequantize().t() + bias
     torch.testing.assert_close(layer(x), ref, atol=1e-5, rtol=1e-5)
     monkeypatch.setenv("LOCALPAGED_INT4_CPU", "int4")
-    fast = QuantLinear.from_int4(w, bias, torch.float32, "cpu")
+    assert QuantLinear.from_int4(w, bias, torch.float32, "cpu").cpu_packed is None  # exact path
+    fast = QuantLinear.from_int4(w, bias, torch.bfloat16, "cpu")
     assert fast.cpu_packed is not None
-    torch.testing.assert_close(fast(x), ref, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(fast(x), ref, atol=0.05, rtol=0.02)
