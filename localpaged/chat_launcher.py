@@ -22,6 +22,9 @@ from typing import Any
 import httpx
 
 from localpaged.engine.client import EngineClient
+from localpaged.engine.remote import RemoteClient
+from localpaged.tui.app import ChatApp
+from localpaged.tui.history import History
 
 DEFAULT_MODEL = "smollm2:135m"
 LOCALHOST = "127.0.0.1"
@@ -34,9 +37,9 @@ def engine_args(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def server_running(port: int, host: str = LOCALHOST, timeout: float = 0.5) -> bool:
-    """Whether a localpaged (or any OpenAI-compatible) server answers on host:port."""
+    """Whether a localpaged server answers on host:port (its public /api/version)."""
     try:
-        resp = httpx.get(f"http://{host}:{port}/v1/models", timeout=timeout)
+        resp = httpx.get(f"http://{host}:{port}/api/version", timeout=timeout)
     except httpx.HTTPError:
         return False
     return resp.status_code == 200
@@ -116,28 +119,28 @@ def start_server(port: int) -> Callable[[EngineClient], None]:
     return serve
 
 
-def main(args: argparse.Namespace) -> int:
-    """Run `localpaged chat` with parsed arguments."""
-    from localpaged.engine.remote import RemoteClient
-    from localpaged.tui.app import ChatApp
-    from localpaged.tui.history import History
-
-    history = History.in_data_dir()
+def build_app(args: argparse.Namespace, history: History) -> ChatApp:
+    """The app for `localpaged chat` arguments: remote, attached or in-process engine."""
     model = getattr(args, "model", None)
     port = int(getattr(args, "port", 11435))
-    api_key = os.environ.get("LOCALPAGED_API_KEY") or os.environ.get("OPENAI_API_KEY")
     if args.remote:
-        app = ChatApp(history, client=RemoteClient(args.remote, api_key=api_key, model=model))
-    elif not args.local and not args.serve and server_running(port):
+        api_key = os.environ.get("LOCALPAGED_API_KEY") or os.environ.get("OPENAI_API_KEY")
+        return ChatApp(history, client=RemoteClient(args.remote, api_key=api_key, model=model))
+    if not args.local and not args.serve and server_running(port):
         url = f"http://{LOCALHOST}:{port}/v1"
-        app = ChatApp(history, client=RemoteClient(url, model=model))
-    else:
-        on_loaded = start_server(port) if args.serve else None
-        app = ChatApp(history, model=model or DEFAULT_MODEL,
-                      loader=make_loader(engine_args(args), on_loaded),
-                      list_models=None if args.serve else list_pulled_models)
+        key = os.environ.get("LOCALPAGED_API_KEY")
+        return ChatApp(history, client=RemoteClient(url, api_key=key, model=model))
+    on_loaded = start_server(port) if args.serve else None
+    return ChatApp(history, model=model or DEFAULT_MODEL,
+                   loader=make_loader(engine_args(args), on_loaded),
+                   list_models=None if args.serve else list_pulled_models)
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run `localpaged chat` with parsed arguments."""
+    history = History.in_data_dir()
     try:
-        app.run()
+        build_app(args, history).run()
     finally:
         history.close()
     return 0

@@ -72,6 +72,8 @@ class MessageView(Vertical):
         yield Label(self._note(), classes="incomplete")
 
     def _note(self) -> str:
+        if self.streaming and self.message.status == "streaming":
+            return ""  # live: it is being written now
         return {"streaming": "⚠ incomplete: the app stopped during this answer",
                 "stopped": "■ stopped"}.get(self.message.status, "")
 

@@ -17,11 +17,11 @@ def format_status(model: str, stats: EngineStats | None, turn: TurnStats | None,
         return f"{model or 'no model'} │ not loaded"
     parts = [f"{model} · {stats.device}"]
     if stats.kv_blocks_total:
-        parts.append(f"KV {stats.kv_blocks_used}/{stats.kv_blocks_total} blocks")
+        parts.append(f"KV {stats.kv_blocks_used}/{stats.kv_blocks_total}")
         parts.append(f"prefix hits {stats.prefix_cache_hit_rate:.0%}")
     parts.append(f"queued {stats.num_waiting}")
     if turn is not None and turn.prompt_tokens:
-        parts.append(f"reused {turn.cached_tokens}/{turn.prompt_tokens} prompt tokens")
+        parts.append(f"reused {turn.cached_tokens}/{turn.prompt_tokens} tok")
     if turn is not None and turn.ttft_s is not None:
         parts.append(f"TTFT {turn.ttft_s * 1000:.0f} ms")
     if turn is not None and turn.tokens_per_s is not None:

@@ -38,7 +38,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def do_GET(self) -> None:
-        if self.path == "/v1/models":
+        if self.path == "/api/version":
+            self._json(200, {"version": "stub"})
+        elif self.path == "/v1/models":
             self._json(200, {"object": "list", "data": [{"id": "echo", "object": "model"}]})
         else:
             self._json(404, {"error": {"message": "not found"}})

@@ -90,6 +90,8 @@ async def test_stop_mid_answer_keeps_the_partial_answer(tmp_path: Path, local_cl
         view = screen(app).current
         assert view is not None
         await wait_for(pilot, lambda: view.session.stats.output_tokens >= 8)
+        live = view.query(MessageView).last()
+        assert str(live.query_one(".incomplete").content) == ""  # being written, not broken
         await keys(pilot, "escape")
         await wait_for(pilot, lambda: not view.session.busy)
         answer = view.session.messages[-1]
@@ -204,7 +206,7 @@ async def test_turn_two_reuses_turn_one(tmp_path: Path, local_client) -> None:
         assert local_client.stats().prefix_cache_hits - hits_before == reused
         screen(app).refresh_status()
         status = str(screen(app).query_one("#status").content)
-        assert f"reused {reused}/{len(prompt2)} prompt tokens" in status
+        assert f"reused {reused}/{len(prompt2)} tok" in status
         assert "KV " in status and "prefix hits" in status and "TTFT" in status
         assert "tok/s" in status and "queued 0" in status
 

@@ -114,3 +114,25 @@ def test_launcher_helpers(openai_stub, tmp_path: Path) -> None:
     assert not chat_launcher.server_running(free)
     args = argparse.Namespace(dtype="float32", device=None, max_model_len=512, kv_cache_gb=None)
     assert chat_launcher.engine_args(args) == {"dtype": "float32", "max_model_len": 512}
+
+
+def _args(**kw) -> argparse.Namespace:
+    base = dict(model=None, remote=None, serve=False, local=False, port=1, dtype="auto",
+                device=None, max_model_len=None, kv_cache_gb=None)
+    return argparse.Namespace(**{**base, **kw})
+
+
+def test_launcher_chooses_the_client(openai_stub, tmp_path: Path) -> None:
+    history = History(tmp_path / "h.sqlite3")
+    port = int(openai_stub.url.split(":")[-1].split("/")[0])
+    remote = chat_launcher.build_app(_args(remote=openai_stub.url, model="m"), history)
+    assert isinstance(remote.client, RemoteClient) and remote.client.base_url == openai_stub.url
+    attached = chat_launcher.build_app(_args(port=port), history)  # a server answers there
+    assert isinstance(attached.client, RemoteClient)
+    assert attached.client.base_url == f"http://127.0.0.1:{port}/v1"
+    local = chat_launcher.build_app(_args(port=port, local=True), history)  # --local
+    assert local.client is None and local.loader is not None
+    assert local.requested_model == chat_launcher.DEFAULT_MODEL
+    served = chat_launcher.build_app(_args(port=port, serve=True, model="x"), history)
+    assert served.client is None and served.requested_model == "x"
+    history.close()
