@@ -173,6 +173,7 @@ def quantize_model(
     *,
     sym: bool = True,
     act_order: bool = False,
+    mse: bool = False,
     progress: Progress = print,
 ) -> dict[str, QuantizedLayer]:
     """Quantize every decoder-layer linear of a transformers Llama-family `model` (float32,
@@ -192,7 +193,7 @@ def quantize_model(
                 hess = _hessians(layer, group, hs, kwargs)
                 for name in group:
                     lin = layer.get_submodule(name)
-                    q = gptq_quantize(lin.weight.data, hess[name], group_size, sym, act_order)
+                    q = gptq_quantize(lin.weight.data, hess[name], group_size, sym, act_order, mse=mse)
                     lin.weight.data = q.dequantize().to(lin.weight.dtype)
                     quantized[name] = q
         out = _run_layer(layer, hs, kwargs)  # through the quantized layer, as the next sees it

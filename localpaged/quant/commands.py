@@ -61,6 +61,7 @@ def run_quantize(
     *,
     sym: bool = True,
     act_order: bool = False,
+    mse: bool = False,
     progress: Any = print,
 ) -> Path:
     """Load `name` with transformers (float32), quantize on the calibration text, write the
@@ -87,7 +88,7 @@ def run_quantize(
     progress(f"{method}: {samples.shape[0]} calibration samples of {seqlen} tokens, "
              f"group size {group_size}")
     layers = quantize_model(model, samples, method, group_size, sym=sym, act_order=act_order,
-                            progress=progress)
+                            mse=mse, progress=progress)
     return save_quantized(model, layers, output, method, group_size, sym=sym, act_order=act_order,
                           source=None if kw else folder)
 

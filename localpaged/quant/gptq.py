@@ -28,9 +28,10 @@ class QuantizedLayer:
         return ((self.codes.float() - z) * s).t().contiguous()
 
 
-def gptq_params(w: torch.Tensor, sym: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def gptq_params(w: torch.Tensor, sym: bool, mse: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-row (scale, integer zero) of `w [N, cols]`, as `Quantizer.find_params`: the range
-    always includes 0; sym puts the zero-point at 8."""
+    always includes 0; sym puts the zero-point at 8. `mse`: also try the range shrunk by
+    1%..79% and keep, per row, the one with the least |error|^2.4 (AutoGPTQ's grid search)."""
     xmin = w.min(dim=1).values.clamp(max=0)
     xmax = w.max(dim=1).values.clamp(min=0)
     if sym:
@@ -39,6 +40,21 @@ def gptq_params(w: torch.Tensor, sym: bool) -> tuple[torch.Tensor, torch.Tensor]
     both_zero = (xmin == 0) & (xmax == 0)
     xmin = torch.where(both_zero, -1.0, xmin)
     xmax = torch.where(both_zero, 1.0, xmax)
+    scale, zero = _range_params(xmin, xmax, sym)
+    if mse:
+        best = torch.full_like(scale, float("inf"))
+        for i in range(80):
+            p = 1 - i / 100
+            s1, z1 = _range_params(p * xmin, p * xmax, sym)
+            q = torch.clamp(torch.round(w / s1[:, None]) + z1[:, None], 0, MAXQ)
+            err = ((q - z1[:, None]) * s1[:, None] - w).abs().pow(2.4).sum(1)
+            better = err < best
+            best = torch.where(better, err, best)
+            scale, zero = torch.where(better, s1, scale), torch.where(better, z1, zero)
+    return scale, zero
+
+
+def _range_params(xmin: torch.Tensor, xmax: torch.Tensor, sym: bool) -> tuple[torch.Tensor, torch.Tensor]:
     scale = ((xmax - xmin) / MAXQ).clamp(min=1e-6)
     scale = scale.half().float()  # the checkpoint stores float16 scales: quantize against those
     zero = torch.full_like(scale, (MAXQ + 1) / 2) if sym else torch.round(-xmin / scale)
@@ -57,6 +73,7 @@ def gptq_quantize(
     sym: bool = True,
     act_order: bool = False,
     damp_percent: float = 0.01,
+    mse: bool = False,
 ) -> QuantizedLayer:
     """Quantize `weight [N, K]` given `hessian [K, K]` (sum of x x^T over calibration rows)."""
     w = weight.detach().float().clone()
@@ -89,7 +106,7 @@ def gptq_quantize(
                 g_end = min(col + gs, k)
                 rows = w1[i : i + g_end - col] if g_end <= i2 else torch.cat(
                     (w1[i:], wt[i2:g_end]))
-                scale, zero = gptq_params(rows.t(), sym)
+                scale, zero = gptq_params(rows.t(), sym, mse)
                 scales[col // gs], zeros[col // gs] = scale, zero
             q, deq = _quantize(w1[i], scale, zero)
             codes[col] = q.to(torch.int32)

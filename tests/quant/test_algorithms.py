@@ -73,3 +73,15 @@ def test_awq_scale_and_clip_beat_rtn_with_salient_channels() -> None:
     err_rtn = (x @ (pseudo_quantize(w, 64) - w).t()).pow(2).mean()
     assert err_awq < 0.7 * err_rtn, (err_awq, err_rtn)
     assert s[:4].mean() > s[4:].mean()  # the salient channels are scaled up
+
+
+def test_mse_range_search_never_worse() -> None:
+    w = torch.randn(64, 64, generator=torch.Generator().manual_seed(5))
+    w[::7, 3] *= 8  # outliers make shrinking the range pay off
+    for sym in (True, False):
+        errs = []
+        for mse in (False, True):
+            s, z = gptq_params(w, sym, mse)
+            q = torch.clamp(torch.round(w / s[:, None]) + z[:, None], 0, 15)
+            errs.append(((q - z[:, None]) * s[:, None] - w).abs().pow(2.4).sum(1))
+        assert (errs[1] <= errs[0] + 1e-6).all() and (errs[1] < errs[0]).any()
