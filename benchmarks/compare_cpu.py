@@ -130,11 +130,15 @@ def run_llamacpp(gguf: str, w: dict) -> dict:
     import llama_cpp
     import numpy as np
 
-    n_ctx = 32 * (64 + 128) + 64
-    llm = llama_cpp.Llama(model_path=gguf, n_threads=2, n_threads_batch=2, n_ctx=n_ctx,
-                          n_batch=512, n_ubatch=512, n_seq_max=32, kv_unified=True,
-                          verbose=False, logits_all=False)
-    ctx, n_vocab = llm._ctx.ctx, llm.n_vocab()
+    llm = llama_cpp.Llama(model_path=gguf, n_threads=2, n_threads_batch=2, n_ctx=4096,
+                          n_batch=512, verbose=False)
+    # A second context for batched decode: several sequences in one llama_decode.
+    params = llama_cpp.llama_context_default_params()
+    params.n_ctx, params.n_batch, params.n_ubatch = 32 * (64 + 128) + 1024, 512, 512
+    params.n_seq_max, params.kv_unified = 32, True
+    params.n_threads = params.n_threads_batch = 2
+    ctx = llama_cpp.llama_init_from_model(llm._model.model, params)
+    n_vocab = llm.n_vocab()
     mem = llama_cpp.llama_get_memory(ctx)
     batch = llama_cpp.llama_batch_init(2048, 0, 32)
 
@@ -271,7 +275,7 @@ def run_vllm(hf_dir: str, w: dict) -> dict:
     from vllm.inputs import TokensPrompt
 
     llm = LLM(hf_dir, dtype="bfloat16", enforce_eager=True, max_model_len=4096,
-              max_num_seqs=32, enable_prefix_caching=True)
+              max_num_seqs=32, enable_prefix_caching=True, gpu_memory_utilization=0.3)
 
     def gen(prompts: list[list[int]], new: int) -> tuple[float, int]:
         sp = SamplingParams(temperature=0, max_tokens=new, ignore_eos=True)
