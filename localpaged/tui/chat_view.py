@@ -109,6 +109,11 @@ class Notice(Horizontal):
         self.set_class(False, "shown", "offer")
 
 
+class ChatLog(VerticalScroll, can_focus=False):
+    """The messages; scrolled by the mouse and as answers stream, never focused (so switching
+    tabs puts the focus in the input)."""
+
+
 class ChatView(Vertical):
     """A tab's conversation. Streams answers in a worker, so tabs stream concurrently."""
 
@@ -134,7 +139,7 @@ class ChatView(Vertical):
         return cast("ChatApp", self.app)
 
     def compose(self) -> ComposeResult:
-        with VerticalScroll(id="log"):
+        with ChatLog(id="log"):
             for m in self.session.messages:
                 yield MessageView(m)
         yield Notice()
@@ -176,7 +181,7 @@ class ChatView(Vertical):
         client = app.client
         if client is None:
             return
-        log = self.query_one("#log", VerticalScroll)
+        log = self.query_one("#log", ChatLog)
         view: MessageView | None = None
         stream = None
         try:
@@ -194,7 +199,11 @@ class ChatView(Vertical):
                         await stream.write(f"\n\n**Error:** {delta.error}")
                     log.scroll_end(animate=False)
         except ContextOverflow as exc:
-            self.query_one(Notice).show(f"{exc} Drop the oldest turns to make room?", offer=True)
+            if sum(m.role == "user" for m in self.session.messages) > 1:
+                self.query_one(Notice).show(f"{exc} Drop the oldest turns to make room?",
+                                            offer=True)
+            else:
+                self.query_one(Notice).show(f"{exc} Shorten the message (ctrl+e edits it).")
         except ValueError as exc:
             self.query_one(Notice).show(f"Not sent: {exc}")
         finally:

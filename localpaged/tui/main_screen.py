@@ -111,6 +111,7 @@ class ChatScreen(Screen[None]):
         await self.tabs.add_pane(pane)
         self.tabs.active = pane.id or ""
         view.focus_input()
+        self.call_after_refresh(view.focus_input)  # once the pane is shown
         if save:
             self.save_tabs()
         return view
@@ -168,6 +169,13 @@ class ChatScreen(Screen[None]):
     @on(TabbedContent.TabActivated)
     def _tab_activated(self) -> None:
         self.refresh_status()
+        self.call_after_refresh(self._refocus)
+
+    def _refocus(self) -> None:
+        """Focus the active tab's input, unless the user is in the sidebar."""
+        sidebar = self.query_one(Sidebar)
+        if not sidebar.has_focus_within and not sidebar.has_class("shown"):
+            self._focus_current()
 
     @on(ChatView.BusyChanged)
     def _busy_changed(self) -> None:

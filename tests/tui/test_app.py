@@ -54,13 +54,13 @@ def answered(view: ChatView, n: int = 1) -> Callable[[], bool]:
 
 
 async def test_three_tabs_stream_concurrently(tmp_path: Path, local_client) -> None:
-    app = make_app(tmp_path, local_client, max_tokens=160)
+    app = make_app(tmp_path, local_client, max_tokens=320)
     async with app.run_test(size=SIZE) as pilot:
         for n, text in enumerate("abc", 1):
             if n > 1:
                 await keys(pilot, "ctrl+t")
                 await wait_for(pilot, lambda n=n: len(screen(app).views) == n
-                               and screen(app).current is screen(app).views[-1])
+                               and app.focused is screen(app).views[-1].prompt)
             await keys(pilot, text, "enter")
         views = screen(app).views
         assert len(views) == 3
@@ -72,12 +72,12 @@ async def test_three_tabs_stream_concurrently(tmp_path: Path, local_client) -> N
             labels_seen |= {str(screen(app).tabs.get_tab(f"conv-{v.session.conv_id}").label)
                             for v in views[:2]}
             await pilot.pause(0.02)
-        assert most_busy == 3 and most_running == 3  # all three streamed at the same time
+        assert (most_busy, most_running) == (3, 3)  # all three streamed at the same time
         assert any(label.startswith(BUSY) for label in labels_seen)  # background tab marker
         for v in views:
             answer = v.session.messages[-1]
             assert answer.role == "assistant" and answer.status == "done"
-            assert v.session.stats.output_tokens == 160
+            assert v.session.stats.output_tokens == 320
         await wait_for(pilot, lambda: not any(
             str(screen(app).tabs.get_tab(f"conv-{v.session.conv_id}").label).startswith(BUSY)
             for v in views))
@@ -273,3 +273,18 @@ async def test_prompt_longer_than_the_context(tmp_path: Path, local_client) -> N
         assert [m.role for m in view.session.messages] == ["user", "assistant"]
         assert view.session.messages[0].content.startswith("beta")
         assert len(app.history.load(view.session.conv_id).messages) == 2
+
+
+async def test_a_single_message_longer_than_the_context(tmp_path: Path, local_client) -> None:
+    app = make_app(tmp_path, local_client)
+    async with app.run_test(size=SIZE) as pilot:
+        view = screen(app).current
+        assert view is not None
+        view.send("gamma " * 1100)
+        notice = view.query_one("#notice-text")
+        await wait_for(pilot, lambda: "Shorten the message" in str(notice.content))
+        assert "context holds 1024" in str(notice.content)
+        assert not view.query_one("#drop-oldest").display or not view.query_one(
+            "Notice").has_class("offer")
+        await pilot.press("ctrl+e")
+        assert view.prompt.text.startswith("gamma") and view.session.messages == []

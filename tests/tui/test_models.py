@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import socket
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from textual.command import CommandList
 from textual.pilot import Pilot
 
 from localpaged import chat_launcher
@@ -28,6 +30,13 @@ async def wait_for(pilot: Pilot, cond: Callable[[], bool], timeout: float = 60.0
         await pilot.pause(0.05)
 
 
+def palette_top(app: ChatApp) -> str:
+    """The highlighted command of the open command palette ("" while there is none)."""
+    lists = app.screen.query(CommandList)
+    option = lists.first().highlighted_option if lists else None
+    return str(option.prompt) if option is not None else ""
+
+
 def chat(app: ChatApp) -> ChatScreen:
     screen = app._chat_screen()
     assert screen is not None
@@ -41,8 +50,14 @@ def status(app: ChatApp) -> str:
 
 async def test_load_at_start_then_a_failed_switch_leaves_the_app_usable(
         tmp_path: Path, tiny_chat_model: Path) -> None:
-    loader = chat_launcher.make_loader({"dtype": "float32", "device": "cpu",
-                                        "num_kv_blocks": 64, "max_model_len": 256})
+    load = chat_launcher.make_loader({"dtype": "float32", "device": "cpu",
+                                      "num_kv_blocks": 64, "max_model_len": 256})
+    go = threading.Event()
+
+    def loader(model: str, progress: Callable[[str], None]):
+        go.wait(30)  # hold the load until the test has looked at the app while loading
+        return load(model, progress)
+
     bad = str(tmp_path / "missing" / "model.gguf")
     app = ChatApp(History(tmp_path / "h.sqlite3"), model=str(tiny_chat_model), loader=loader,
                   list_models=lambda: [str(tiny_chat_model), bad],
@@ -52,13 +67,15 @@ async def test_load_at_start_then_a_failed_switch_leaves_the_app_usable(
         view = chat(app).current
         assert view is not None
         assert not view.send("too early")  # no model yet: nothing sent, the text stays
+        go.set()
         await wait_for(pilot, lambda: app.client is not None and app.loading is None)
         assert status(app).startswith(f"{tiny_chat_model.name} · cpu")
         # switch through the command palette to a model that cannot load
         await pilot.press("ctrl+p")
         await pilot.press(*"Switch model: ")
         await pilot.press(*"missing")
-        await pilot.pause(0.3)
+        await wait_for(pilot, lambda: palette_top(app).startswith("Switch model")
+                       and "missing" in palette_top(app))
         await pilot.press("enter")
         await wait_for(pilot, lambda: app.load_error is not None)
         assert "failed to load" in status(app)

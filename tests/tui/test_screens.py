@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import Callable
 from pathlib import Path
 
+from textual.command import CommandList
 from textual.pilot import Pilot
 from textual.widgets import Input, Sparkline, TextArea
 
@@ -32,6 +33,13 @@ async def wait_for(pilot: Pilot, cond: Callable[[], bool], timeout: float = 30.0
     while not cond():
         assert loop.time() < deadline, "condition not reached in time"
         await pilot.pause(0.02)
+
+
+def palette_top(app: ChatApp) -> str:
+    """The highlighted command of the open command palette ("" while there is none)."""
+    lists = app.screen.query(CommandList)
+    option = lists.first().highlighted_option if lists else None
+    return str(option.prompt) if option is not None else ""
 
 
 def chat(app: ChatApp) -> ChatScreen:
@@ -146,7 +154,8 @@ async def test_export_to_markdown_from_the_palette(tmp_path: Path, local_client)
         await wait_for(pilot, lambda: not view.session.busy and len(view.session.messages) == 2)
         await pilot.press("ctrl+p")
         await pilot.press(*"Export to Markdown")
-        await pilot.pause(0.3)
+        await wait_for(pilot, lambda: palette_top(app).startswith("Export to Markdown")
+                       and "Export to Markdown" in palette_top(app))
         await pilot.press("enter")
         path = tmp_path / "exports" / f"export-me-{view.session.conv_id}.md"
         await wait_for(pilot, path.exists)

@@ -88,6 +88,8 @@ def test_sidebar(snap_compare, tmp_path: Path, fresh_client) -> None:
     async def open_sidebar(pilot: Pilot) -> None:
         await no_blink(pilot)
         await pilot.press("ctrl+b")
+        while pilot.app.focused is None or pilot.app.focused.id != "conversations":
+            await pilot.pause(0.05)
         await no_blink(pilot)
 
     assert snap_compare(app_with_history(tmp_path, fresh_client), terminal_size=SIZE,
