@@ -153,3 +153,24 @@ def test_launcher_chooses_the_client(openai_stub, tmp_path: Path) -> None:
     served = chat_launcher.build_app(_args(port=port, serve=True, model="x"), history)
     assert served.client is None and served.requested_model == "x"
     history.close()
+
+
+async def test_serve_shares_the_loaded_engine(tmp_path: Path, tiny_chat_model: Path) -> None:
+    """`chat --serve`: once the model is loaded, the localhost API answers from it."""
+    import httpx
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    history = History(tmp_path / "h.sqlite3")
+    app = chat_launcher.build_app(_args(model=str(tiny_chat_model), serve=True, port=port,
+                                        device="cpu", dtype="float32", max_model_len=256),
+                                  history)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.client is not None and app.loading is None)
+        async with httpx.AsyncClient() as http:
+            resp = await http.get(f"http://127.0.0.1:{port}/v1/models")
+        assert resp.status_code == 200
+        assert tiny_chat_model.name in resp.text
+        assert chat_launcher.server_running(port)
+    history.close()
