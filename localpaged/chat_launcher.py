@@ -113,7 +113,8 @@ def start_server(port: int) -> Callable[[EngineClient], None]:
         if started:
             return
         server = importlib.import_module("localpaged.server.app")
-        server.serve_in_background(client, LOCALHOST, port)
+        server.serve_in_background(client, LOCALHOST, port,
+                                   api_key=os.environ.get("LOCALPAGED_API_KEY") or None)
         started.append(True)
 
     return serve

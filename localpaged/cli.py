@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--local", action="store_true", help="never attach to a running server")
     chat.add_argument("--port", type=int, default=DEFAULT_PORT)
     _add_engine_args(chat)
-    chat.set_defaults(handler=_lazy("localpaged.tui.app", "main"))
+    chat.set_defaults(handler=_lazy("localpaged.chat_launcher", "main"))
 
     serve = sub.add_parser("serve", help="serve the OpenAI- and Ollama-compatible API")
     serve.add_argument("model", nargs="?", default=None)

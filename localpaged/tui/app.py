@@ -7,7 +7,6 @@ Building clients, attaching to a running server and `--serve` live in `localpage
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import time
 from collections.abc import Callable, Iterable
@@ -206,11 +205,4 @@ class ChatApp(App[None]):
                             chat.action_clear)
 
 
-def main(args: argparse.Namespace) -> int:
-    """`localpaged chat`: build the client (see `localpaged.chat_launcher`) and run the app."""
-    import importlib
-
-    return int(importlib.import_module("localpaged.chat_launcher").main(args) or 0)
-
-
-__all__ = ["ChatApp", "Loader", "data_dir", "main"]
+__all__ = ["ChatApp", "Loader", "data_dir"]
