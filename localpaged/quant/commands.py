@@ -59,13 +59,15 @@ def run_quantize(
     output: str | Path,
     calib_text: str | None = None,
     *,
-    sym: bool = True,
-    act_order: bool = False,
-    mse: bool = False,
+    sym: bool = False,
+    act_order: bool = True,
+    mse: bool = True,
+    max_samples: int = MAX_SAMPLES,
     progress: Any = print,
 ) -> Path:
     """Load `name` with transformers (float32), quantize on the calibration text, write the
-    checkpoint to `output`."""
+    checkpoint to `output`. GPTQ defaults (asymmetric, act-order, MSE range search) are the
+    ones that measured best on SmolLM2-135M g64 (NLL 2.944 vs 3.061 symmetric)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -82,7 +84,7 @@ def run_quantize(
               if isinstance(m, torch.nn.Linear)}
     check_group_size(method, group_size, widths)
     seqlen = min(SEQLEN, int(getattr(model.config, "max_position_embeddings", SEQLEN)))
-    samples = calibration_ids(ids, seqlen - (bos is not None))[:MAX_SAMPLES]
+    samples = calibration_ids(ids, seqlen - (bos is not None))[:max_samples]
     if bos is not None:
         samples = torch.cat((torch.full((samples.shape[0], 1), bos), samples), dim=1)
     progress(f"{method}: {samples.shape[0]} calibration samples of {seqlen} tokens, "

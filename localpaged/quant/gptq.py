@@ -57,8 +57,12 @@ def gptq_params(w: torch.Tensor, sym: bool, mse: bool = False) -> tuple[torch.Te
 def _range_params(xmin: torch.Tensor, xmax: torch.Tensor, sym: bool) -> tuple[torch.Tensor, torch.Tensor]:
     scale = ((xmax - xmin) / MAXQ).clamp(min=1e-6)
     scale = scale.half().float()  # the checkpoint stores float16 scales: quantize against those
-    zero = torch.full_like(scale, (MAXQ + 1) / 2) if sym else torch.round(-xmin / scale)
-    return scale, zero.clamp(0, MAXQ)
+    if sym:
+        return scale, torch.full_like(scale, (MAXQ + 1) / 2)
+    # Zero-points start at 1, not 0: v1 files store zero - 1, and a stored -1 (nibble 0xF) is
+    # read differently by AutoGPTQ-style (nibble-wise) and GPTQModel-style (word-wise) loaders
+    # (QUANT_FORMATS.md §1.9). With zero >= 1 every reader decodes our files the same.
+    return scale, torch.round(-xmin / scale).clamp(1, MAXQ)
 
 
 def _quantize(w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

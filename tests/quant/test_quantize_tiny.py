@@ -140,8 +140,12 @@ def test_checkpoint_layout(quantized) -> None:
         assert torch.equal(torch.bincount(g_idx.long()), torch.full((4,), GS))
         monotone = torch.equal(g_idx.long(), torch.arange(128) // GS)
         assert monotone != variant["act_order"]
+        qzeros = raw["model.layers.0.mlp.down_proj.qzeros"]
         if variant["sym"]:
-            assert (raw["model.layers.0.mlp.down_proj.qzeros"] == 0x77777777).all()
+            assert (qzeros == 0x77777777).all()
+        else:  # no stored nibble 0xF: nibble-wise and word-wise readers agree (§1.9)
+            nibbles = torch.stack([(qzeros >> (4 * j)) & 0xF for j in range(8)])
+            assert (nibbles != 0xF).all()
     else:
         assert cfg["version"] == "gemm" and down.shape == (128, 8)
         assert "model.layers.0.mlp.down_proj.g_idx" not in raw
