@@ -1,7 +1,7 @@
 """SmolLM2-135M quantized by our GPTQ and AWQ at group size 64 (calibrated on 4 x 512 tokens
 of the shipped GPL-3.0 text): mean NLL on the first 512 tokens (BOS + 511) of the Apache-2.0
 text, run through our model and loader, no worse than GPTQModel's GPTQ g64 (3.097; fp32:
-2.853). Measured: GPTQ 2.944, AWQ 2.964. About 5 minutes each on 2 busy cores: slow-marked;
+2.853). Measured: GPTQ 2.934, AWQ 2.964. About 5 minutes each on 2 busy cores: slow-marked;
 `OMP_NUM_THREADS=1` avoids thread oversubscription on a shared machine."""
 
 from __future__ import annotations
