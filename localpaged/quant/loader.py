@@ -67,6 +67,7 @@ def _load_bias(layer: QuantLinear, prefix: str, bias: torch.Tensor) -> None:
         return
     with torch.no_grad():
         layer.bias.copy_(bias)
+    layer.bias_loaded = True
 
 
 def load_quantized_weights(
@@ -119,6 +120,10 @@ def load_quantized_weights(
         done.add(prefix)
     for prefix in sorted(targets - done):
         raise ValueError(_missing_message(prefix, "qweight", model.get_submodule(prefix), spec))
+    for prefix in sorted(targets):
+        layer = model.get_submodule(prefix)
+        if layer.bias is not None and not getattr(layer, "bias_loaded", False):
+            raise ValueError(f"tensor '{prefix}.bias' is missing: expected shape {(layer.out_features,)}")
     for name in params:
         if name not in loaded:
             raise ValueError(f"tensor {name!r} is missing: expected shape {tuple(params[name].shape)}")

@@ -96,3 +96,21 @@ def test_missing_and_misshaped_tensors(gptq_dir: Path, tmp_path: Path) -> None:
 
     with pytest.raises(ValueError, match=r"quantization_config\.bits=3"):
         load_model(_variant(gptq_dir, tmp_path / "bits", lambda t: None, bits))
+
+
+def test_missing_bias_of_a_biased_layer(tiny_qwen2: Path, tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_qwen2, dtype=torch.float32)
+    layers = {f"model.layers.{n}": awq_quantize(m.weight.data, 32)
+              for n, m in model.model.layers.named_modules() if isinstance(m, torch.nn.Linear)}
+    src = save_quantized(model, layers, tmp_path / "q", "awq", 32)
+    name = "model.layers.0.self_attn.q_proj.bias"
+    load_model(src)  # complete: loads
+
+    def drop(t: dict[str, torch.Tensor]) -> None:
+        del t[name]
+
+    with pytest.raises(ValueError, match=rf"'{name}' is missing: expected shape \(64,\)"):
+        load_model(_variant(src, tmp_path / "nobias", drop))
+
