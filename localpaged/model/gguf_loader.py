@@ -248,10 +248,16 @@ class GGUFFile:
         if self.architecture not in _PERMUTED_ARCHS:
             return None
         if ".attn_q." in raw.gguf_name:
-            return int(config["num_attention_heads"])
-        if ".attn_k." in raw.gguf_name:
-            return int(config["num_key_value_heads"])
-        return None
+            heads = int(config["num_attention_heads"])
+        elif ".attn_k." in raw.gguf_name:
+            heads = int(config["num_key_value_heads"])
+        else:
+            return None
+        rows = raw.shape[0] if raw.shape else 0
+        if heads < 1 or rows % heads or (rows // heads) % 2:
+            raise ValueError(f"{self.path}: tensor {raw.gguf_name} has {rows} rows, which do not "
+                             f"split into {heads} heads of an even size (corrupt metadata?)")
+        return heads
 
     def _dense(self, raw: RawTensor, config: dict[str, Any]) -> torch.Tensor:
         from gguf import GGMLQuantizationType

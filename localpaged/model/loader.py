@@ -138,12 +138,19 @@ def load_model(
     .gguf file (through localpaged.model.gguf_loader)."""
     path = Path(path)
     if path.suffix == ".gguf":
-        from localpaged.model.gguf_loader import read_gguf
+        from localpaged.model.gguf_loader import open_gguf
 
-        raw, weights = read_gguf(path)
-        config = ModelConfig.from_dict(raw)
-    else:
-        config = ModelConfig.from_pretrained(path)
-        weights = iter_safetensors(safetensors_files(path))  # lazy: read inside build_model
+        gguf = open_gguf(path)
+        config = ModelConfig.from_dict(gguf.hf_config())
+        # A GGUF's own precision says nothing of the compute dtype: 16-bit by default, where
+        # its Q4_0/Q4_1 matrices stay 4-bit (torch's int4 op on the CPU, Triton on CUDA).
+        # In float32 they are dequantized once here instead (same values, dense matmuls).
+        if dtype == "auto":
+            dtype = torch.float16 if torch.device(device).type == "cuda" else torch.bfloat16
+        torch_dtype = parse_dtype(dtype)
+        weights = gguf.weights() if torch_dtype == torch.float32 else gguf.int4_weights()
+        return build_model(config, weights, torch_dtype, device), config
+    config = ModelConfig.from_pretrained(path)
+    weights = iter_safetensors(safetensors_files(path))  # lazy: read inside build_model
     torch_dtype = resolve_dtype(dtype, config, device)
     return build_model(config, weights, torch_dtype, device), config

@@ -41,10 +41,20 @@ def test_smollm_gguf_loads_like_hf(smollm_gguf: Path, smollm_hf_dir: Path, step_
     """load_model on the .gguf itself (dequantized by our GGUF reader) gives the logits of
     transformers' own GGUF conversion."""
     pytest.importorskip("localpaged.model.gguf_loader")  # the GGUF room's reader
-    model, config = load_model(smollm_gguf)
+    model, config = load_model(smollm_gguf, dtype="float32")
     assert config.architecture == "LlamaForCausalLM" and config.tie_word_embeddings
     ids = Tokenizer.from_pretrained(smollm_hf_dir).encode("The capital of France is")
     caches = model.allocate_kv_caches(2, 16)
     positions, meta = step_builder([([1], 0, len(ids))], 16)
     got = model.compute_logits(model(torch.tensor(ids), positions, caches, meta))
     torch.testing.assert_close(got, hf_logits(smollm_hf_dir, ids), atol=2e-4, rtol=1e-4)
+
+
+def test_smollm_gguf_auto_dtype_keeps_q4_weights_4bit(smollm_gguf: Path) -> None:
+    """By default a GGUF loads for 16-bit compute with its Q4_1 matrices still 4-bit."""
+    from localpaged.quant.linear import QuantLinear
+
+    model, _ = load_model(smollm_gguf)
+    assert model.dtype == torch.bfloat16
+    proj = model.model.layers[0].self_attn.q_proj
+    assert isinstance(proj, QuantLinear)
