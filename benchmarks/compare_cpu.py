@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+RESULT_MARK = "@@result "
 VOCAB_LO, VOCAB_HI = 1000, 40000  # plain word pieces of SmolLM2's vocabulary
 
 
@@ -134,7 +135,7 @@ def run_llamacpp(gguf: str, w: dict) -> dict:
                           n_batch=512, verbose=False)
     # A second context for batched decode: several sequences in one llama_decode.
     params = llama_cpp.llama_context_default_params()
-    params.n_ctx, params.n_batch, params.n_ubatch = 32 * (64 + 128) + 1024, 512, 512
+    params.n_ctx, params.n_batch, params.n_ubatch = 20480, 512, 512  # fits c: 16 x 1064
     params.n_seq_max, params.kv_unified = 32, True
     params.n_threads = params.n_threads_batch = 2
     ctx = llama_cpp.llama_init_from_model(llm._model.model, params)
@@ -357,7 +358,10 @@ def spawn(name: str, model: dict, quick: bool) -> dict | str:
         if "ModuleNotFoundError" in proc.stderr or "ImportError" in proc.stderr:
             return f"not installed ({last})"
         return f"failed: {last}"
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_MARK)]
+    if not lines:
+        return f"failed: no result on stdout ({proc.stdout.strip()[-200:]!r})"
+    return json.loads(lines[-1].removeprefix(RESULT_MARK))
 
 
 def default_models() -> dict:
@@ -444,28 +448,33 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="smaller workloads (a smoke run)")
     ap.add_argument("--engines", default=",".join(ENGINES))
     ap.add_argument("--png", default="compare_cpu.png")
+    ap.add_argument("--runs", default="compare_cpu.json",
+                    help="every run is appended here; engines with enough runs are not rerun")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--models", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        print(json.dumps(worker(args.worker, json.loads(args.models), args.quick)))
+        # A marker: peers' native libraries may print to stdout too.
+        print(RESULT_MARK + json.dumps(worker(args.worker, json.loads(args.models), args.quick)))
         return
     models = default_models()
     print(f"model: SmolLM2-135M-Instruct | GGUF {models['gguf']} | HF {models['hf']}")
     print(f"machine: {os.cpu_count()} cores | repeats {args.repeats}" + (" | QUICK" if args.quick else ""))
+    saved = json.loads(Path(args.runs).read_text()) if Path(args.runs).exists() else {}
     results: dict[str, dict | str] = {}
     for name in args.engines.split(","):
-        runs = []
-        for i in range(args.repeats):
+        runs = saved.setdefault(name, [])
+        while len(runs) < args.repeats:
             r = spawn(name, models, args.quick)
             if not isinstance(r, dict):
                 results[name] = r
                 break
             runs.append(r)
-            print(f"  {name} run {i + 1}: " + ", ".join(
+            Path(args.runs).write_text(json.dumps(saved))
+            print(f"  {name} run {len(runs)}: " + ", ".join(
                 f"{k}={v:.1f}" for k, v in r.items() if isinstance(v, float)), flush=True)
         else:
-            results[name] = summarize(runs)
+            results[name] = summarize(runs[:args.repeats])
     print_table(results)
     plot(results, args.png)
 
