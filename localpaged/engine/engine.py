@@ -48,9 +48,6 @@ class LLMEngine:
         self.tokenizer = tokenizer
         self.args = args
         self.device = torch.device(args.resolved_device())
-        if self.device.type == "cpu":
-            # Denormal floats make x86 matmuls crawl (seen: fp32 prefill 10x slower on SmolLM2).
-            torch.set_flush_denormal(True)
         self.dtype = model.dtype
         c = model_config
         check_supported(c.head_dim, args.block_size, self.dtype, self.device,
