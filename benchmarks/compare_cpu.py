@@ -210,7 +210,7 @@ def run_llamacpp(gguf: str, w: dict) -> dict:
         prompt = history + turn
         t0 = time.perf_counter()
         ids = []
-        for tok in llm.generate(prompt, temp=0.0, top_k=1, reset=False):
+        for tok in llm.generate(prompt, temp=0.0, top_k=1):  # reuses the longest cached prefix
             if not ids:
                 ttfts.append(time.perf_counter() - t0)
             ids.append(tok)
