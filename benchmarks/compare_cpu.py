@@ -230,16 +230,10 @@ def run_transformers(hf_dir: str, w: dict, dtype_name: str) -> dict:
     model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=getattr(torch, dtype_name)).eval()
     model.generation_config.eos_token_id = None
 
+    from throughput import hf_timed_generate  # benchmarks/ is this script's folder
+
     def gen(prompts: list[list[int]], new: int) -> tuple[float, float, int]:
-        ids = torch.tensor(prompts)
-        kw = dict(do_sample=False, pad_token_id=0, attention_mask=torch.ones_like(ids))
-        with torch.inference_mode():
-            t0 = time.perf_counter()
-            model.generate(ids, max_new_tokens=1, min_new_tokens=1, **kw)
-            ttft = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            model.generate(ids, max_new_tokens=new, min_new_tokens=new, **kw)
-            total = time.perf_counter() - t0
+        ttft, total = hf_timed_generate(model, prompts, new)
         return ttft, total, len(prompts) * new
 
     gen([tokens(8, 9)], 2)

@@ -65,10 +65,10 @@ async def run_localpaged(client: LocalClient, prompts: list[list[int]], new: int
     return {"tok_s": sum(counts) / wall, "ttft": ttfts, "itl": itls, "wall": wall}
 
 
-def run_hf(model, prompts: list[list[int]], new: int) -> dict:
+def hf_timed_generate(model, prompts: list[list[int]], new: int) -> tuple[float, float]:
+    """transformers.generate on one unpadded batch: (time to the first token, time for all)."""
     ids = torch.tensor(prompts)
-    mask = torch.ones_like(ids)
-    kw = dict(do_sample=False, pad_token_id=0, attention_mask=mask)
+    kw = dict(do_sample=False, pad_token_id=0, attention_mask=torch.ones_like(ids))
     with torch.inference_mode():
         t0 = time.perf_counter()
         model.generate(ids, max_new_tokens=1, min_new_tokens=1, **kw)
@@ -76,6 +76,11 @@ def run_hf(model, prompts: list[list[int]], new: int) -> dict:
         t0 = time.perf_counter()
         model.generate(ids, max_new_tokens=new, min_new_tokens=new, **kw)
         wall = time.perf_counter() - t0
+    return ttft, wall
+
+
+def run_hf(model, prompts: list[list[int]], new: int) -> dict:
+    ttft, wall = hf_timed_generate(model, prompts, new)
     itl = (wall - ttft) / max(1, new - 1)
     return {"tok_s": len(prompts) * new / wall, "ttft": [ttft] * len(prompts),
             "itl": [itl], "wall": wall}
