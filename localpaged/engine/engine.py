@@ -20,6 +20,7 @@ from localpaged.engine.runner import ModelRunner
 from localpaged.engine.scheduler import Scheduler, SchedulerConfig
 from localpaged.engine.stop import StopChecker
 from localpaged.kernels import check_supported
+from localpaged.model.optimize import optimize_for_inference
 
 
 @dataclass
@@ -52,6 +53,7 @@ class LLMEngine:
         c = model_config
         check_supported(c.head_dim, args.block_size, self.dtype, self.device,
                         c.num_heads, c.num_kv_heads)
+        self.optimizations = optimize_for_inference(model, self.device)
         per_block = model.kv_cache_bytes_per_block(args.block_size)
         num_blocks = args.num_kv_blocks or max(1, int(args.resolved_kv_cache_gb() * 2**30 // per_block))
         self.kv_bytes = num_blocks * per_block

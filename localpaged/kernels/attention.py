@@ -9,7 +9,9 @@ own position. A decode is the case of one query token per request.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +39,15 @@ class AttentionMetadata:
     query_start_loc: torch.Tensor
     max_query_len: int
     max_seq_len: int
+    # Tensors derived from the fields above, built by the first layer that needs them and
+    # reused by the others (one step = one metadata object).
+    derived: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def memo(self, key: str, build: Callable[[], Any]) -> Any:
+        """`build()` on first use for this step, the same value after."""
+        if key not in self.derived:
+            self.derived[key] = build()
+        return self.derived[key]
 
     @property
     def num_seqs(self) -> int:
@@ -62,40 +73,59 @@ def paged_attention_torch(
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     b = meta.num_seqs
     n_blocks = -(-meta.max_seq_len // block_size)
-    tables = meta.block_tables[:, :n_blocks].long()
     ctx = n_blocks * block_size
-    # Gather each request's context: [B, Hkv, ctx, D]
-    k = k_cache[tables].view(b, ctx, num_kv_heads, head_dim).transpose(1, 2)
-    v = v_cache[tables].view(b, ctx, num_kv_heads, head_dim).transpose(1, 2)
-    if num_kv_heads != num_heads:
-        rep = num_heads // num_kv_heads
-        k = k.repeat_interleave(rep, dim=1)
-        v = v.repeat_interleave(rep, dim=1)
-    seq_lens = meta.seq_lens.long()
-    key_pos = torch.arange(ctx, device=query.device)
+
+    def gather_blocks() -> torch.Tensor:
+        return meta.block_tables[:, :n_blocks].long().flatten()
+
+    # Each request's context, gathered block by block: [B, Hkv, ctx, D] (a strided view).
+    # index_select copies whole blocks and is several times faster than advanced indexing.
+    blocks = meta.memo("attn.blocks", gather_blocks)
+    k = k_cache.index_select(0, blocks).view(b, ctx, num_kv_heads, head_dim).transpose(1, 2)
+    v = v_cache.index_select(0, blocks).view(b, ctx, num_kv_heads, head_dim).transpose(1, 2)
+    dev = query.device
 
     if meta.is_decode_only:
-        q = query.view(b, num_heads, 1, head_dim)
-        mask = (key_pos[None, :] < seq_lens[:, None]).view(b, 1, 1, ctx)
-        out = F.scaled_dot_product_attention(q.to(k.dtype), k, v, attn_mask=mask, scale=scale)
-        return out.view(num_tokens, num_heads, head_dim).to(query.dtype)
+        # The query heads that share a KV head are rows of one attention problem (GQA).
+        rep = num_heads // num_kv_heads
+        q = query.view(b, num_kv_heads, rep, head_dim).to(k.dtype)
 
-    qsl = meta.query_start_loc.long()
-    q_lens = qsl[1:] - qsl[:-1]
-    lq = meta.max_query_len
-    # Scatter the flat queries into a padded [B, Lq, Hq, D] batch.
-    seq_idx = torch.repeat_interleave(torch.arange(b, device=query.device), q_lens)
-    row_in_seq = torch.arange(num_tokens, device=query.device) - qsl[seq_idx]
-    q = query.new_zeros(b, lq, num_heads, head_dim)
+        def decode_mask() -> torch.Tensor:
+            key_pos = torch.arange(ctx, device=dev)
+            hidden = (key_pos[None, :] >= meta.seq_lens.long()[:, None]).view(b, 1, 1, ctx)
+            return torch.zeros(hidden.shape, dtype=k.dtype, device=dev).masked_fill(
+                hidden, float("-inf"))
+
+        if b == 1:  # one request: cut its context to length instead of masking the rest
+            k, v, mask = k[:, :, :meta.max_seq_len], v[:, :, :meta.max_seq_len], None
+        else:
+            mask = meta.memo("attn.decode_mask", decode_mask)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+        return out.reshape(num_tokens, num_heads, head_dim).to(query.dtype)
+
+    def prefill_layout() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        seq_lens = meta.seq_lens.long()
+        key_pos = torch.arange(ctx, device=dev)
+        qsl = meta.query_start_loc.long()
+        q_lens = qsl[1:] - qsl[:-1]
+        lq = meta.max_query_len
+        # Where each flat query row goes in a padded [B, Lq] batch.
+        seq_idx = torch.repeat_interleave(torch.arange(b, device=dev), q_lens)
+        row_in_seq = torch.arange(num_tokens, device=dev) - qsl[seq_idx]
+        # Absolute position of each padded query row; padded rows see key 0 only (no NaNs).
+        q_pos = (seq_lens - q_lens)[:, None] + torch.arange(lq, device=dev)[None, :]
+        valid_row = torch.arange(lq, device=dev)[None, :] < q_lens[:, None]
+        mask = key_pos[None, None, :] <= q_pos[:, :, None]
+        mask = mask & (key_pos[None, None, :] < seq_lens[:, None, None])
+        mask = mask | (~valid_row[:, :, None] & (key_pos[None, None, :] == 0))
+        return seq_idx, row_in_seq, mask.unsqueeze(1)
+
+    seq_idx, row_in_seq, mask = meta.memo("attn.prefill_layout", prefill_layout)
+    q = query.new_zeros(b, meta.max_query_len, num_heads, head_dim)
     q[seq_idx, row_in_seq] = query
-    # Absolute position of each padded query row; padded rows see key 0 only (no NaNs).
-    q_pos = (seq_lens - q_lens)[:, None] + torch.arange(lq, device=query.device)[None, :]
-    valid_row = torch.arange(lq, device=query.device)[None, :] < q_lens[:, None]
-    mask = key_pos[None, None, :] <= q_pos[:, :, None]
-    mask = mask & (key_pos[None, None, :] < seq_lens[:, None, None])
-    mask = mask | (~valid_row[:, :, None] & (key_pos[None, None, :] == 0))
     out = F.scaled_dot_product_attention(
-        q.transpose(1, 2).to(k.dtype), k, v, attn_mask=mask.unsqueeze(1), scale=scale
+        q.transpose(1, 2).to(k.dtype), k, v, attn_mask=mask, scale=scale,
+        enable_gqa=num_kv_heads != num_heads,
     )
     out = out.transpose(1, 2)[seq_idx, row_in_seq]
     return out.to(query.dtype)

@@ -20,11 +20,18 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 
 def apply_rotary_torch(
-    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor
+    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
+    cache: dict | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Torch implementation. q: [T, Hq, D], k: [T, Hkv, D], positions: [T]."""
-    cs = cos_sin.index_select(0, positions).unsqueeze(1)
-    cos, sin = cs.float().chunk(2, dim=-1)
+    """Torch implementation. q: [T, Hq, D], k: [T, Hkv, D], positions: [T]. `cache` (a dict
+    that lives for one step, shared by the layers) keeps the step's cos/sin rows."""
+    cos_sin_rows = cache.get("rotary.cos_sin") if cache is not None else None
+    if cos_sin_rows is None:
+        cs = cos_sin.index_select(0, positions).unsqueeze(1)
+        cos_sin_rows = cs.float().chunk(2, dim=-1)
+        if cache is not None:
+            cache["rotary.cos_sin"] = cos_sin_rows
+    cos, sin = cos_sin_rows
     return _rotate(q, cos, sin), _rotate(k, cos, sin)
 
 
@@ -88,10 +95,11 @@ def apply_rotary_triton(
 
 
 def apply_rotary(
-    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor
+    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
+    cache: dict | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate q [T, Hq, D] and k [T, Hkv, D] by their token positions. Returns (q, k); the
-    Triton path rotates in place and returns the same tensors."""
+    Triton path rotates in place and returns the same tensors. `cache`: see the torch path."""
     if use_triton(q):
         return apply_rotary_triton(q, k, positions, cos_sin)
-    return apply_rotary_torch(q, k, positions, cos_sin)
+    return apply_rotary_torch(q, k, positions, cos_sin, cache)

@@ -25,6 +25,28 @@ from localpaged.model.rope import build_cos_sin
 KVCache = tuple[torch.Tensor, torch.Tensor]
 
 
+def fuse_linears(layers: list[nn.Module]) -> nn.Module:
+    """One layer whose output is the outputs of `layers` (same input) concatenated.
+    Raises ValueError when they cannot be joined."""
+    first = layers[0]
+    if any(type(layer) is not type(first) for layer in layers):
+        raise ValueError("cannot join layers of different kinds")
+    if any((layer.bias is None) != (first.bias is None) for layer in layers):
+        raise ValueError("cannot join layers with and without bias")
+    if type(first) is nn.Linear:
+        fused = nn.Linear(first.in_features, sum(layer.out_features for layer in layers),
+                          bias=first.bias is not None, device="meta")
+        fused.weight = nn.Parameter(torch.cat([layer.weight for layer in layers]),
+                                    requires_grad=False)
+        if first.bias is not None:
+            fused.bias = nn.Parameter(torch.cat([layer.bias for layer in layers]),
+                                      requires_grad=False)
+        return fused
+    if not hasattr(first, "concat"):
+        raise ValueError(f"cannot join {type(first).__name__} layers")
+    return type(first).concat(layers)  # QuantLinear
+
+
 class RMSNorm(nn.Module):
     """RMSNorm whose forward fuses the residual add before it (see kernels.rms_norm)."""
 
@@ -50,6 +72,18 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=c.qkv_bias, **kw)
         self.v_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=c.qkv_bias, **kw)
         self.o_proj = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=c.o_bias, **kw)
+        self.qkv_proj: nn.Module | None = None  # set by fuse_projections
+
+    def fuse_projections(self) -> None:
+        """Replace q/k/v with one layer computing all three (one matmul instead of three).
+        Layers that cannot be joined (mixed kinds) stay apart."""
+        if self.qkv_proj is not None:
+            return
+        try:
+            self.qkv_proj = fuse_linears([self.q_proj, self.k_proj, self.v_proj])
+        except ValueError:
+            return
+        del self.q_proj, self.k_proj, self.v_proj
 
     def forward(
         self,
@@ -60,10 +94,15 @@ class Attention(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         t = x.shape[0]
-        q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
-        q, k = apply_rotary(q, k, positions, cos_sin)
+        if self.qkv_proj is not None:
+            nq, nkv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+            q, k, v = self.qkv_proj(x).split((nq, nkv, nkv), dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = q.view(t, self.num_heads, self.head_dim)
+        k = k.view(t, self.num_kv_heads, self.head_dim)
+        v = v.view(t, self.num_kv_heads, self.head_dim)
+        q, k = apply_rotary(q, k, positions, cos_sin, meta.derived)
         k_cache, v_cache = kv_cache
         write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         out = paged_attention(q, k_cache, v_cache, meta, self.scale)
@@ -77,9 +116,24 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=c.mlp_bias, **kw)
         self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=c.mlp_bias, **kw)
         self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=c.mlp_bias, **kw)
+        self.gate_up_proj: nn.Module | None = None  # set by fuse_projections
+
+    def fuse_projections(self) -> None:
+        """Replace gate and up with one layer computing both, side by side."""
+        if self.gate_up_proj is not None:
+            return
+        try:
+            self.gate_up_proj = fuse_linears([self.gate_proj, self.up_proj])
+        except ValueError:
+            return
+        del self.gate_proj, self.up_proj
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(torch.cat((self.gate_proj(x), self.up_proj(x)), -1)))
+        if self.gate_up_proj is not None:
+            gate_up = self.gate_up_proj(x)
+        else:
+            gate_up = torch.cat((self.gate_proj(x), self.up_proj(x)), -1)
+        return self.down_proj(silu_and_mul(gate_up))
 
 
 class DecoderLayer(nn.Module):
@@ -138,6 +192,13 @@ class LlamaForCausalLM(nn.Module):
         self.tie_weights()
         rope_device = "cpu" if torch.device(device).type == "meta" else device
         self.register_buffer("cos_sin", build_cos_sin(config, rope_device), persistent=False)
+
+    def fuse_projections(self) -> None:
+        """Join q/k/v and gate/up into one matmul each, for inference. Loading by HF names
+        (and quantizing) must happen before."""
+        for layer in self.model.layers:
+            layer.self_attn.fuse_projections()
+            layer.mlp.fuse_projections()
 
     def tie_weights(self) -> None:
         """Share lm_head's weight with the embedding when the config ties them."""

@@ -6,6 +6,11 @@ Devices:
   at load (N % 16 == 0, K % 32 == 0, group size a multiple of 32) for bfloat16 / float16
   layers: the fast path. Float32 layers (the exact path), other shapes, and
   `LOCALPAGED_INT4_CPU=dequant` dequantize per call and use a dense matmul.
+
+The CPU int4 op is made for few rows: at 32 rows and more a dense bf16 matmul (AMX) is several
+times faster (benchmarks/w4a16.py). `keep_dense_copy` gives a layer a dequantized copy used for
+batches of at least `dense_min_rows` rows (prefill, wide decode batches); the engine turns it on
+for small models only, where the copy costs little memory.
 """
 
 from __future__ import annotations
@@ -21,6 +26,9 @@ CPU_GROUP_SIZES = (256, 128, 64, 32)  # what the CPU int4 op accepts
 # The CPU op in float32 is several times slower than a dense float32 matmul (benchmarks/w4a16.py):
 # float32 layers (the exact path) dequantize per call instead.
 CPU_DTYPES = (torch.bfloat16, torch.float16)
+# The CPU packing interleaves output channels in blocks of 64: packings join along N only at
+# block boundaries.
+CPU_PACK_BLOCK_N = 64
 
 
 def _cpu_int4_ok() -> bool:
@@ -65,7 +73,9 @@ class QuantLinear(nn.Module):
         self.in_features, self.out_features, self.dtype = in_features, out_features, dtype
         self.group_size = 0
         self.cpu_group_size = 0
-        for name in ("qweight", "scales", "zeros", "perm", "cpu_packed", "cpu_scale_zeros"):
+        self.dense_min_rows = 0  # 0: no dense copy
+        for name in ("qweight", "scales", "zeros", "perm", "cpu_packed", "cpu_scale_zeros",
+                     "dense_weight"):
             self.register_buffer(name, None)
         self.register_buffer(
             "bias", torch.zeros(out_features, dtype=dtype, device=device) if bias else None
@@ -112,9 +122,67 @@ class QuantLinear(nn.Module):
             raise RuntimeError("this layer keeps only the CPU int4 packing")
         return Int4Weight(self.qweight, self.scales, self.zeros, self.group_size, self.perm)
 
+    @torch.no_grad()
+    def dequantized(self) -> torch.Tensor:
+        """The weight `[N, K]` in the layer's dtype, in the original input-channel order."""
+        if self.cpu_packed is None:
+            return self.int4_weight().dequantize(self.dtype)
+        # The CPU op applied to the identity returns W.T exactly: one product per output.
+        eye = torch.eye(self.in_features, dtype=self.dtype, device=self.cpu_packed.device)
+        w = torch.ops.aten._weight_int4pack_mm_for_cpu(
+            eye, self.cpu_packed, self.cpu_group_size, self.cpu_scale_zeros).t()
+        if self.perm is not None:  # column i of w belongs to input channel perm[i]
+            w = torch.empty_like(w).index_copy_(1, self.perm, w)
+        return w.contiguous()
+
+    def keep_dense_copy(self, min_rows: int) -> None:
+        """Also hold the dequantized weight and use it for inputs of >= `min_rows` rows."""
+        if self.dense_weight is None:
+            self.dense_weight = self.dequantized()
+        self.dense_min_rows = min_rows
+
+    @classmethod
+    def concat(cls, layers: list[QuantLinear]) -> QuantLinear:
+        """One layer computing the outputs of `layers` (same input) side by side, so one
+        matmul replaces several (q/k/v, gate/up). Raises ValueError if they cannot be joined."""
+        first = layers[0]
+        same = all(
+            (part.in_features, part.dtype, part.group_size, part.cpu_group_size, part.dense_min_rows)
+            == (first.in_features, first.dtype, first.group_size, first.cpu_group_size,
+                first.dense_min_rows)
+            and (part.bias is None) == (first.bias is None)
+            and ((part.perm is None and first.perm is None)
+                 or (part.perm is not None and first.perm is not None
+                     and torch.equal(part.perm, first.perm)))
+            for part in layers)
+        if not same:
+            raise ValueError("layers differ in input size, dtype, grouping, bias or act-order")
+        if first.cpu_packed is not None and any(
+                part.cpu_packed is None or part.out_features % CPU_PACK_BLOCK_N for part in layers[:-1]):
+            raise ValueError(f"CPU-packed layers join only at multiples of {CPU_PACK_BLOCK_N} "
+                             "output channels")
+        device = (first.cpu_packed if first.cpu_packed is not None else first.qweight).device
+        out = cls(first.in_features, sum(part.out_features for part in layers), first.bias is not None,
+                  first.dtype, device)
+        out.group_size, out.cpu_group_size, out.perm = first.group_size, first.cpu_group_size, first.perm
+        out.dense_min_rows = first.dense_min_rows
+
+        def cat(name: str, dim: int) -> torch.Tensor | None:
+            parts = [getattr(part, name) for part in layers]
+            return None if parts[0] is None else torch.cat(parts, dim)
+
+        # CPU packing: [N, K/2] and [K/sub, N, 2]; internal: [K/8, N] and [G, N]; dense [N, K].
+        out.cpu_packed, out.cpu_scale_zeros = cat("cpu_packed", 0), cat("cpu_scale_zeros", 1)
+        out.qweight, out.scales, out.zeros = cat("qweight", 1), cat("scales", 1), cat("zeros", 1)
+        out.dense_weight, out.bias = cat("dense_weight", 0), cat("bias", 0)
+        return out
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, self.in_features)
+        if self.dense_weight is not None and x2.shape[0] >= self.dense_min_rows:
+            y = torch.nn.functional.linear(x2.to(self.dtype), self.dense_weight, self.bias)
+            return y.to(x.dtype).reshape(*shape[:-1], self.out_features)
         if self.perm is not None:
             x2 = x2.index_select(1, self.perm)
         if self.cpu_packed is not None:
@@ -136,5 +204,7 @@ class QuantLinear(nn.Module):
 
     def extra_repr(self) -> str:
         path = "cpu-int4" if self.cpu_packed is not None else "int4"
+        if self.dense_weight is not None:
+            path += f", dense for >= {self.dense_min_rows} rows"
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"group_size={self.group_size}, act_order={self.perm is not None}, {path}")

@@ -1,0 +1,48 @@
+"""Make a loaded model fast for serving on its device, without changing what it computes
+beyond rounding: fused projections everywhere; on the CPU in 16-bit, the matmul each batch
+shape runs fastest on (see benchmarks/w4a16.py for the measurements behind the choices)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import nn
+
+# Below this many rows (a decode step of a few requests) the int4 / int8 weight-only ops win:
+# they read fewer bytes. From here on (prefill chunks, wide decode batches) a dense 16-bit
+# matmul (AMX / AVX512-BF16 through oneDNN) is several times faster.
+DENSE_MIN_ROWS = 16
+# The int8 lm_head wins up to a few rows only (measured cold, SmolLM2's 49152 x 576 head:
+# 4.8 ms vs 11 ms at one row, even at eight rows, then slower).
+INT8_HEAD_MAX_ROWS = 7
+# Dense copies of 4-bit layers are kept only while they cost at most this much memory
+# (small models, where prefill speed matters most and the copy is cheap).
+DENSE_COPY_LIMIT_GB = float(os.environ.get("LOCALPAGED_CPU_DENSE_GB", "1.0"))
+
+
+def optimize_for_inference(model: nn.Module, device: torch.device) -> dict[str, int]:
+    """Prepare `model` (a localpaged.model.llama model) for the engine. Returns what it did
+    as counts, for logs and the engine's stats."""
+    model.fuse_projections()
+    done = {"dense_copies": 0, "dense_copy_bytes": 0, "int8_lm_head": 0}
+    if device.type != "cpu" or model.dtype not in (torch.bfloat16, torch.float16):
+        return done
+    from localpaged.quant.int8_linear import Int8Linear
+    from localpaged.quant.linear import QuantLinear
+
+    quantized = [m for m in model.modules() if isinstance(m, QuantLinear)]
+    if not quantized:
+        return done  # a 16-bit checkpoint stays as it is: nothing to trade
+    dense_bytes = sum(m.in_features * m.out_features * model.dtype.itemsize for m in quantized)
+    if dense_bytes <= DENSE_COPY_LIMIT_GB * 2**30:
+        for m in quantized:
+            m.keep_dense_copy(DENSE_MIN_ROWS)
+        done.update(dense_copies=len(quantized), dense_copy_bytes=dense_bytes)
+    head = model.lm_head
+    if type(head) is nn.Linear and head.bias is None:
+        # The checkpoint's matrices are quantized already; its output layer in int8 per
+        # channel is what llama.cpp runs too (GGUF files ship it as Q8_0 or Q6_K).
+        model.lm_head = Int8Linear(head.weight, dense_min_rows=INT8_HEAD_MAX_ROWS + 1)
+        done["int8_lm_head"] = 1
+    return done

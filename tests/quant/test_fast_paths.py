@@ -1,0 +1,98 @@
+"""The CPU fast paths of the quantized layers: QuantLinear joined along N (q/k/v, gate/up),
+its dequantized copy for many-row batches, and the int8 lm_head. Each is compared with the
+plain computation it replaces."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from localpaged.quant.int8_linear import Int8Linear
+from localpaged.quant.layout import from_codes
+from localpaged.quant.linear import QuantLinear
+
+
+def _int4(k: int, n: int, group: int, seed: int, act_order: bool = False):
+    g = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 16, (k, n), generator=g, dtype=torch.int32)
+    scales = torch.rand(k // group, n, generator=g) * 0.02 + 0.005
+    zeros = torch.randint(0, 16, (k // group, n), generator=g).float()
+    g_idx = None
+    if act_order:
+        g_idx = (torch.arange(k) // group)[torch.randperm(k, generator=g)]
+    return from_codes(codes, scales, zeros, group, g_idx)
+
+
+def _layers(dtype: torch.dtype, sizes=(128, 64, 32), act_order: bool = False):
+    w0 = _int4(128, sizes[0], 32, 0, act_order)
+    layers = []
+    for i, n in enumerate(sizes):
+        w = _int4(128, n, 32, i + 1, act_order)
+        if act_order:
+            w.perm = w0.perm  # q/k/v of one GPTQ layer share the input's order
+        layers.append(QuantLinear.from_int4(w, None, dtype, "cpu"))
+    return layers
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("act_order", [False, True])
+def test_concat_equals_the_layers_side_by_side(dtype: torch.dtype, act_order: bool) -> None:
+    layers = _layers(dtype, act_order=act_order)
+    fused = QuantLinear.concat(layers)
+    assert fused.out_features == sum(layer.out_features for layer in layers)
+    x = torch.randn(5, 128, dtype=dtype)
+    expected = torch.cat([layer(x) for layer in layers], dim=-1)
+    torch.testing.assert_close(fused(x), expected, rtol=0, atol=0)
+
+
+def test_concat_refuses_layers_that_differ() -> None:
+    a, b = _layers(torch.bfloat16, sizes=(64, 32))
+    c = QuantLinear.from_int4(_int4(128, 32, 64, 9), None, torch.bfloat16, "cpu")
+    with pytest.raises(ValueError, match="differ"):
+        QuantLinear.concat([a, c])
+    d = QuantLinear.from_int4(_int4(128, 32, 32, 9, act_order=True), None, torch.bfloat16, "cpu")
+    with pytest.raises(ValueError, match="differ"):
+        QuantLinear.concat([a, d])
+    assert QuantLinear.concat([a, b]).out_features == 96
+    with pytest.raises(ValueError, match="multiples of 64"):  # the CPU packing's N blocks
+        QuantLinear.concat([b, a])
+
+
+@pytest.mark.parametrize("act_order", [False, True])
+def test_dequantized_recovers_the_weight_from_the_cpu_packing(act_order: bool) -> None:
+    w = _int4(128, 48, 32, 3, act_order)
+    layer = QuantLinear.from_int4(w, None, torch.bfloat16, "cpu")
+    assert layer.cpu_packed is not None and layer.qweight is None  # only the CPU packing
+    dense = layer.dequantized()
+    # What the int4 op computes, to its own rounding...
+    x = torch.randn(4, 128, dtype=torch.bfloat16)
+    torch.testing.assert_close(torch.nn.functional.linear(x, dense), layer(x), rtol=1e-2, atol=1e-2)
+    # ... and the weight itself, to the rounding of its bf16 scales and offsets.
+    ref = w.dequantize(torch.float32)
+    assert (dense.float() - ref).abs().max() <= 0.01 * ref.abs().max()
+
+
+def test_dense_copy_serves_wide_batches_only() -> None:
+    layer = QuantLinear.from_int4(_int4(128, 48, 32, 4), None, torch.bfloat16, "cpu")
+    narrow, wide = torch.randn(3, 128, dtype=torch.bfloat16), torch.randn(20, 128, dtype=torch.bfloat16)
+    before_narrow, before_wide = layer(narrow), layer(wide)
+    layer.keep_dense_copy(min_rows=16)
+    assert torch.equal(layer(narrow), before_narrow)  # still the int4 op
+    dense = torch.nn.functional.linear(wide, layer.dense_weight)
+    assert torch.equal(layer(wide), dense)
+    torch.testing.assert_close(layer(wide), before_wide, rtol=2e-2, atol=2e-2)
+
+
+def test_int8_head_is_close_to_the_dense_head_and_uses_it_for_wide_batches() -> None:
+    g = torch.Generator().manual_seed(0)
+    weight = (torch.randn(1000, 64, generator=g) * 0.05).to(torch.bfloat16)
+    head = Int8Linear(weight, dense_min_rows=8)
+    x = torch.randn(2, 64, generator=g).to(torch.bfloat16)
+    ref = torch.nn.functional.linear(x.float(), weight.float())
+    got = head(x).float()
+    # Per-channel int8 keeps logits within a percent of their spread.
+    assert (got - ref).abs().max() < 0.01 * ref.abs().max()
+    assert torch.equal(got.argmax(-1), ref.argmax(-1))
+    wide = torch.randn(8, 64, generator=g).to(torch.bfloat16)
+    assert torch.equal(head(wide), torch.nn.functional.linear(wide, weight))
+    assert head.dense.data_ptr() == weight.data_ptr()  # shared: a tied embedding is not copied
