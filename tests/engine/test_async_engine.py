@@ -85,3 +85,37 @@ async def test_bad_request_fails_alone(client: LocalClient) -> None:
         client.generate([], GREEDY)
     ids, reason = await good
     assert reason == "length" and len(ids) == 16
+
+
+def test_the_engine_is_loaded_on_its_own_thread(tiny_llama: Path) -> None:
+    """from_model builds the engine on the engine thread (one OpenMP team on the CPU)."""
+    import threading
+
+    from localpaged.engine.engine import LLMEngine
+
+    built_on: list[str] = []
+    original = LLMEngine.from_args
+
+    def spy(args):
+        built_on.append(threading.current_thread().name)
+        return original(args)
+
+    LLMEngine.from_args = spy
+    try:
+        c = LocalClient.from_model(str(tiny_llama), dtype="float32")
+    finally:
+        LLMEngine.from_args = original
+    try:
+        assert built_on == ["localpaged-engine"]
+        assert c.engine.stats().num_running == 0
+    finally:
+        c.async_engine.close()
+
+
+def test_a_model_that_fails_to_load_raises_from_the_constructor(tmp_path: Path) -> None:
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"GGUF" + b"\0" * 64)
+    with pytest.raises(Exception, match=r"broken\.gguf"):
+        LocalClient.from_model(str(bad))
+    with pytest.raises(ValueError, match="dtype"):  # argument errors come before any thread
+        LocalClient.from_model(str(bad), dtype="int3")
