@@ -78,11 +78,22 @@ def paged_attention_torch(
     def gather_blocks() -> torch.Tensor:
         return meta.block_tables[:, :n_blocks].long().flatten()
 
-    # Each request's context, gathered block by block: [B, Hkv, ctx, D] (a strided view).
-    # index_select copies whole blocks and is several times faster than advanced indexing.
-    blocks = meta.memo("attn.blocks", gather_blocks)
-    k = k_cache.index_select(0, blocks).view(b, ctx, num_kv_heads, head_dim).transpose(1, 2)
-    v = v_cache.index_select(0, blocks).view(b, ctx, num_kv_heads, head_dim).transpose(1, 2)
+    def first_of_consecutive_blocks() -> int | None:
+        ids = meta.block_tables[0, :n_blocks].tolist()
+        return ids[0] if b == 1 and ids == list(range(ids[0], ids[0] + n_blocks)) else None
+
+    # Each request's context: [B, Hkv, ctx, D] (a strided view). One request whose blocks
+    # are consecutive (common: the pool hands out never-used blocks in order) is a plain
+    # slice of the cache; otherwise gather block by block (index_select copies whole blocks,
+    # several times faster than advanced indexing).
+    first = meta.memo("attn.first_block", first_of_consecutive_blocks)
+    if first is not None:
+        k = k_cache[first:first + n_blocks].view(b, ctx, num_kv_heads, head_dim).transpose(1, 2)
+        v = v_cache[first:first + n_blocks].view(b, ctx, num_kv_heads, head_dim).transpose(1, 2)
+    else:
+        blocks = meta.memo("attn.blocks", gather_blocks)
+        k = k_cache.index_select(0, blocks).view(b, ctx, num_kv_heads, head_dim).transpose(1, 2)
+        v = v_cache.index_select(0, blocks).view(b, ctx, num_kv_heads, head_dim).transpose(1, 2)
     dev = query.device
 
     if meta.is_decode_only:

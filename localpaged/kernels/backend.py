@@ -27,5 +27,11 @@ def use_triton_on(device: torch.device | str) -> bool:
 
 
 def use_triton(t: torch.Tensor) -> bool:
-    """True when the op on tensor `t` should run its Triton kernel."""
-    return use_triton_on(t.device)
+    """True when the op on tensor `t` should run its Triton kernel. (Called by every op of
+    every layer: the common CPU case costs two dictionary lookups.)"""
+    if t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1":
+        return use_triton_on(t.device)
+    choice = os.environ.get("LOCALPAGED_KERNELS", "auto").lower()
+    if choice not in _CHOICES:
+        raise ValueError(f"LOCALPAGED_KERNELS={choice!r}: expected one of {', '.join(_CHOICES)}")
+    return False

@@ -14,9 +14,18 @@ from localpaged.kernels.backend import use_triton
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    # x: [T, H, D]; cos/sin: [T, 1, D/2]
-    x1, x2 = x.float().chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+    """x: [T, H, D]; cos: [T, 1, D] (cos twice), sin: [T, 1, D] (-sin, then sin).
+    x * cos + rotate_half(x) * sin in float32, where rotate_half(x) = (-x2, x1)."""
+    t, h, d = x.shape
+    xf = x.float()
+    swapped = xf.view(t, h, 2, d // 2).flip(2).view(t, h, d)  # (x2, x1)
+    return (xf * cos + swapped * sin).to(x.dtype)
+
+
+def _cos_sin_rows(cos_sin: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The step's rows of the table, widened for `_rotate`: [T, 1, D] cos and signed sin."""
+    cos, sin = cos_sin.index_select(0, positions).unsqueeze(1).float().chunk(2, dim=-1)
+    return torch.cat((cos, cos), -1), torch.cat((-sin, sin), -1)
 
 
 def apply_rotary_torch(
@@ -25,14 +34,14 @@ def apply_rotary_torch(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Torch implementation. q: [T, Hq, D], k: [T, Hkv, D], positions: [T]. `cache` (a dict
     that lives for one step, shared by the layers) keeps the step's cos/sin rows."""
-    cos_sin_rows = cache.get("rotary.cos_sin") if cache is not None else None
-    if cos_sin_rows is None:
-        cs = cos_sin.index_select(0, positions).unsqueeze(1)
-        cos_sin_rows = cs.float().chunk(2, dim=-1)
+    rows = cache.get("rotary.cos_sin") if cache is not None else None
+    if rows is None:
+        rows = _cos_sin_rows(cos_sin, positions)
         if cache is not None:
-            cache["rotary.cos_sin"] = cos_sin_rows
-    cos, sin = cos_sin_rows
-    return _rotate(q, cos, sin), _rotate(k, cos, sin)
+            cache["rotary.cos_sin"] = rows
+    num_q_heads = q.shape[1]
+    qk = _rotate(torch.cat((q, k), dim=1), *rows)  # q and k in one pass
+    return qk[:, :num_q_heads], qk[:, num_q_heads:]
 
 
 @jit
