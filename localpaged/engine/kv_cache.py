@@ -155,20 +155,25 @@ class KVCacheManager:
             request.block_hashes.append(hash_block(parent, tokens[i * bs:(i + 1) * bs]))
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVBlock], int]:
-        """Leading blocks of a new request already in the prefix cache, and their token count.
+        """Blocks of the request's prompt already in the prefix cache, following the blocks it
+        holds, and their token count: a new request's cached prefix, or, for one part-way
+        through its prompt (at a block boundary), the blocks another request computed
+        meanwhile (several chats sharing a long prefix then compute it once, together).
 
         At least one token is always left to compute: its logits give the next token."""
-        if not self.enable_prefix_caching:
+        own = len(self.req_blocks.get(request.request_id, ()))
+        if not self.enable_prefix_caching or request.num_computed_tokens != own * self.block_size:
             return [], 0
         self._update_hashes(request, request.num_tokens)
         max_hit_blocks = (request.num_tokens - 1) // self.block_size
         hits: list[KVBlock] = []
-        for block_hash in request.block_hashes[:max_hit_blocks]:
+        for block_hash in request.block_hashes[own:max_hit_blocks]:
             block = self.pool.get_cached_block(block_hash)
             if block is None:
                 break
             hits.append(block)
-        self.stats.queries += request.num_tokens
+        if own == 0:
+            self.stats.queries += request.num_tokens
         self.stats.hits += len(hits) * self.block_size
         return hits, len(hits) * self.block_size
 

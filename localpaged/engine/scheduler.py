@@ -107,6 +107,19 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
+            hits: list = []
+            num_hit = 0
+            if request.num_tokens - request.num_computed_tokens > 1:  # still reading its prompt
+                hits, num_hit = self.kv.get_computed_blocks(request)
+            num_new = min(request.num_tokens - request.num_computed_tokens - num_hit, budget,
+                          chunk_cap)
+            if hits and self.kv.allocate_slots(request, num_new, hits):
+                request.num_computed_tokens += num_hit
+                request.num_cached_tokens += num_hit
+                out.scheduled.append(ScheduledRequest(request, num_new))
+                budget -= num_new
+                i += 1
+                continue
             num_new = min(request.num_tokens - request.num_computed_tokens, budget, chunk_cap)
             while not self.kv.allocate_slots(request, num_new):
                 victim = self.running.pop()  # latest admitted first

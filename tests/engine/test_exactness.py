@@ -112,3 +112,20 @@ def test_bad_input_raises_before_scheduling_and_engine_keeps_serving(tiny_llama:
             SamplingParams(**kwargs)
     out = llm.generate(ok, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
     assert len(out[0].outputs[0].token_ids) == 3
+
+
+def test_requests_sharing_a_prefix_compute_it_once_together(model_and_reference: tuple) -> None:
+    """Four chats sent together with one 96-token prefix: the prefix is computed once (each
+    chunk by one of them, the others take it from the cache as they reach it), and every
+    answer equals transformers'."""
+    folder = model_and_reference[0]
+    g = torch.Generator().manual_seed(5)
+    prefix = torch.randint(3, 512, (96,), generator=g).tolist()
+    batch = [prefix + torch.randint(3, 512, (5,), generator=g).tolist() for _ in range(4)]
+    ref_tokens, ref_logprobs = hf_greedy(folder, batch)
+    llm = LLM(str(folder), dtype="float32", max_num_batched_tokens=64, block_size=16)
+    outs = llm.generate([{"prompt_token_ids": p} for p in batch], GREEDY)
+    check(outs, ref_tokens, ref_logprobs)
+    computed = llm.engine.stats().prompt_tokens_total
+    assert computed <= 96 + 4 * 5 + 3 * 16, computed  # not 4 x 101
+    assert sum(o.num_cached_tokens for o in outs) >= 3 * 80
