@@ -7,6 +7,7 @@ detokenize new tokens and apply stop strings.
 from __future__ import annotations
 
 import itertools
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +21,7 @@ from localpaged.engine.runner import ModelRunner
 from localpaged.engine.scheduler import Scheduler, SchedulerConfig
 from localpaged.engine.stop import StopChecker
 from localpaged.kernels import check_supported
+from localpaged.model.optimize import describe as describe_optimizations
 from localpaged.model.optimize import optimize_for_inference
 
 
@@ -54,6 +56,8 @@ class LLMEngine:
         check_supported(c.head_dim, args.block_size, self.dtype, self.device,
                         c.num_heads, c.num_kv_heads)
         self.optimizations = optimize_for_inference(model, self.device)
+        if (note := describe_optimizations(self.optimizations)) is not None:
+            print(f"localpaged: CPU fast paths: {note}", file=sys.stderr, flush=True)
         per_block = model.kv_cache_bytes_per_block(args.block_size)
         num_blocks = args.num_kv_blocks or max(1, int(args.resolved_kv_cache_gb() * 2**30 // per_block))
         self.kv_bytes = num_blocks * per_block

@@ -25,7 +25,7 @@ def optimize_for_inference(model: nn.Module, device: torch.device) -> dict[str, 
     """Prepare `model` (a localpaged.model.llama model) for the engine. Returns what it did
     as counts, for logs and the engine's stats."""
     model.fuse_projections()
-    done = {"dense_copies": 0, "dense_copy_bytes": 0, "int8_lm_head": 0}
+    done = {"dense_copies": 0, "dense_copy_bytes": 0, "int8_lm_head": 0, "int8_lm_head_bytes": 0}
     if device.type != "cpu" or model.dtype not in (torch.bfloat16, torch.float16):
         return done
     from localpaged.quant.int8_linear import Int8Linear
@@ -44,5 +44,16 @@ def optimize_for_inference(model: nn.Module, device: torch.device) -> dict[str, 
         # The checkpoint's matrices are quantized already; its output layer in int8 per
         # channel is what llama.cpp runs too (GGUF files ship it as Q8_0 or Q6_K).
         model.lm_head = Int8Linear(head.weight, dense_min_rows=INT8_HEAD_MAX_ROWS + 1)
-        done["int8_lm_head"] = 1
+        done.update(int8_lm_head=1, int8_lm_head_bytes=head.weight.numel())
     return done
+
+
+def describe(done: dict[str, int]) -> str | None:
+    """One line saying what `optimize_for_inference` added to memory, or None."""
+    parts = []
+    if done["dense_copies"]:
+        parts.append(f"bf16 copies of {done['dense_copies']} 4-bit layers for batches of "
+                     f">= {DENSE_MIN_ROWS} rows (+{done['dense_copy_bytes'] / 2**20:.0f} MiB)")
+    if done["int8_lm_head"]:
+        parts.append(f"an int8 lm_head for decode (+{done['int8_lm_head_bytes'] / 2**20:.0f} MiB)")
+    return "; ".join(parts) or None
