@@ -381,6 +381,38 @@ def summarize(runs: list[dict]) -> dict:
     return out
 
 
+def print_targets(results: dict[str, dict | str]) -> None:
+    """The performance issue's targets for localpaged, each against the peers of this run."""
+    ours = results.get("localpaged")
+    if not isinstance(ours, dict):
+        return
+    peers = {n: r for n, r in results.items()
+             if isinstance(r, dict) and not n.startswith("localpaged")}
+
+    def med(r: dict, key: str) -> float | None:
+        return r[key]["median"] if key in r else None
+
+    def check(label: str, ok: bool, detail: str) -> None:
+        print(f"  {'met   ' if ok else 'MISSED'} {label}: {detail}")
+
+    print("\ntargets")
+    for key, peer, label in (("decode_tok_s", "llama.cpp", "single-stream decode >= llama.cpp"),
+                             ("prefill_tok_s", "transformers-bf16", "prefill >= transformers bf16")):
+        if peer in peers:
+            a, b = med(ours, key), med(peers[peer], key)
+            check(label, a >= b, f"{a:.1f} vs {b:.1f}")
+    for key, label in (("conc8_tok_s", "8 concurrent"), ("conc32_tok_s", "32 concurrent")):
+        best = max(((med(r, key), n) for n, r in peers.items() if key in r), default=None)
+        if best:
+            a = med(ours, key)
+            check(f"{label} >= 1.5x the best peer", a >= 1.5 * best[0],
+                  f"{a:.1f} vs 1.5 x {best[0]:.1f} ({best[1]}) = {1.5 * best[0]:.1f}")
+    if "llama.cpp" in peers:
+        a, b = med(ours, "chat_ttft_sum_s"), med(peers["llama.cpp"], "chat_ttft_sum_s")
+        check("10-turn chat TTFT sum <= 1/3 of llama.cpp's", a <= b / 3,
+              f"{a:.2f} s vs {b:.2f} / 3 = {b / 3:.2f} s")
+
+
 def print_table(results: dict[str, dict | str]) -> None:
     names = [n for n, r in results.items() if isinstance(r, dict)]
     width = 34
@@ -456,20 +488,27 @@ def main() -> None:
     print(f"machine: {os.cpu_count()} cores | repeats {args.repeats}" + (" | QUICK" if args.quick else ""))
     saved = json.loads(Path(args.runs).read_text()) if Path(args.runs).exists() else {}
     results: dict[str, dict | str] = {}
-    for name in args.engines.split(","):
-        runs = saved.setdefault(name, [])
-        while len(runs) < args.repeats:
+    names = args.engines.split(",")
+    # Round robin (every engine once, then again): a machine whose speed drifts during the
+    # run (shared hosts do) then weighs on every engine alike.
+    for _ in range(args.repeats):
+        for name in names:
+            runs = saved.setdefault(name, [])
+            if name in results or len(runs) >= args.repeats:
+                continue
             r = spawn(name, models, args.quick)
             if not isinstance(r, dict):
-                results[name] = r
-                break
+                results[name] = r  # not installed or failed: reported, not retried
+                continue
             runs.append(r)
             Path(args.runs).write_text(json.dumps(saved))
             print(f"  {name} run {len(runs)}: " + ", ".join(
                 f"{k}={v:.1f}" for k, v in r.items() if isinstance(v, float)), flush=True)
-        else:
-            results[name] = summarize(runs[:args.repeats])
+    for name in names:
+        if name not in results:
+            results[name] = summarize(saved[name][:args.repeats])
     print_table(results)
+    print_targets(results)
     plot(results, args.png)
 
 
