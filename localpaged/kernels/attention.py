@@ -114,6 +114,28 @@ def paged_attention_torch(
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
         return out.reshape(num_tokens, num_heads, head_dim).to(query.dtype)
 
+    if b == 1:
+        # One request (a chat turn): its queries are the last rows of its context, so no
+        # padding; the mask is the lower-right causal triangle, plain causal with no prefix.
+        seq_len = meta.max_seq_len
+        k, v = k[:, :, :seq_len], v[:, :, :seq_len]
+        q = query.view(1, num_tokens, num_heads, head_dim).transpose(1, 2).to(k.dtype)
+        gqa = num_kv_heads != num_heads
+        if num_tokens == seq_len:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale,
+                                                 enable_gqa=gqa)
+        else:
+            def lower_right_mask() -> torch.Tensor:
+                rows = torch.arange(num_tokens, device=dev)[:, None] + (seq_len - num_tokens)
+                hidden = torch.arange(seq_len, device=dev)[None, :] > rows
+                return torch.zeros(hidden.shape, dtype=k.dtype, device=dev).masked_fill(
+                    hidden, float("-inf"))[None, None]
+
+            mask = meta.memo("attn.lower_right_mask", lower_right_mask)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
+                                                 enable_gqa=gqa)
+        return out.transpose(1, 2).reshape(num_tokens, num_heads, head_dim).to(query.dtype)
+
     def prefill_layout() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         seq_lens = meta.seq_lens.long()
         key_pos = torch.arange(ctx, device=dev)

@@ -38,3 +38,33 @@ def test_one_request_decode_equals_plain_attention(consecutive: bool, length: in
     out = paged_attention_torch(q, k_cache, v_cache, meta, d**-0.5)
     assert (meta.derived["attn.first_block"] is not None) == (consecutive or n == 1)
     torch.testing.assert_close(out[0], _reference(q[0], k, v, d**-0.5), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("consecutive", [True, False])
+@pytest.mark.parametrize(("cached", "new"), [(0, 1), (0, 21), (16, 9), (20, 17)])
+def test_one_request_prefill_equals_plain_causal_attention(
+    consecutive: bool, cached: int, new: int
+) -> None:
+    """A chat turn: `new` query tokens after `cached` context tokens, each query seeing the
+    context and the new tokens up to itself."""
+    g = torch.Generator().manual_seed(cached * 100 + new)
+    bs, hq, hkv, d = 16, 6, 2, 32
+    length = cached + new
+    n = -(-length // bs)
+    k_cache = torch.randn(12, bs, hkv, d, generator=g)
+    v_cache = torch.randn(12, bs, hkv, d, generator=g)
+    blocks = list(range(5, 5 + n)) if consecutive else [10, 3, 8][:n]
+    k = torch.cat([k_cache[b] for b in blocks])[:length]
+    v = torch.cat([v_cache[b] for b in blocks])[:length]
+    q = torch.randn(new, hq, d, generator=g)
+    meta = AttentionMetadata(
+        slot_mapping=torch.tensor([blocks[p // bs] * bs + p % bs for p in range(cached, length)]),
+        block_tables=torch.tensor([[*blocks, 0]], dtype=torch.int32),
+        seq_lens=torch.tensor([length], dtype=torch.int32),
+        query_start_loc=torch.tensor([0, new], dtype=torch.int32), max_query_len=new,
+        max_seq_len=length)
+    out = paged_attention_torch(q, k_cache, v_cache, meta, d**-0.5)
+    for i in range(new):
+        visible = cached + i + 1
+        torch.testing.assert_close(out[i], _reference(q[i], k[:visible], v[:visible], d**-0.5),
+                                   rtol=1e-4, atol=1e-5)
