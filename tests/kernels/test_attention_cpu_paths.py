@@ -17,17 +17,27 @@ def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) 
     return torch.einsum("hl,lhd->hd", w.softmax(-1), vv)
 
 
+BS, HQ, HKV, D = 16, 6, 2, 32
+
+
+def _one_request(g: torch.Generator, length: int, blocks: list[int]):
+    """Random K/V caches and one request's context of `length` tokens in `blocks`: the caches
+    and that context read out plainly, [length, Hkv, D] each."""
+    k_cache = torch.randn(12, BS, HKV, D, generator=g)
+    v_cache = torch.randn(12, BS, HKV, D, generator=g)
+    k = torch.cat([k_cache[b] for b in blocks])[:length]
+    v = torch.cat([v_cache[b] for b in blocks])[:length]
+    return k_cache, v_cache, k, v
+
+
 @pytest.mark.parametrize("consecutive", [True, False])
 @pytest.mark.parametrize("length", [1, 16, 37])
 def test_one_request_decode_equals_plain_attention(consecutive: bool, length: int) -> None:
     g = torch.Generator().manual_seed(length)
-    bs, hq, hkv, d = 16, 6, 2, 32
+    bs, hq, d = BS, HQ, D
     n = -(-length // bs)
-    k_cache = torch.randn(12, bs, hkv, d, generator=g)
-    v_cache = torch.randn(12, bs, hkv, d, generator=g)
     blocks = list(range(4, 4 + n)) if consecutive else [9, 2, 7][:n]
-    k = torch.cat([k_cache[b] for b in blocks])[:length]
-    v = torch.cat([v_cache[b] for b in blocks])[:length]
+    k_cache, v_cache, k, v = _one_request(g, length, blocks)
     q = torch.randn(1, hq, d, generator=g)
     meta = AttentionMetadata(
         slot_mapping=torch.tensor([blocks[-1] * bs + (length - 1) % bs]),
@@ -48,14 +58,11 @@ def test_one_request_prefill_equals_plain_causal_attention(
     """A chat turn: `new` query tokens after `cached` context tokens, each query seeing the
     context and the new tokens up to itself."""
     g = torch.Generator().manual_seed(cached * 100 + new)
-    bs, hq, hkv, d = 16, 6, 2, 32
+    bs, hq, d = BS, HQ, D
     length = cached + new
     n = -(-length // bs)
-    k_cache = torch.randn(12, bs, hkv, d, generator=g)
-    v_cache = torch.randn(12, bs, hkv, d, generator=g)
     blocks = list(range(5, 5 + n)) if consecutive else [10, 3, 8][:n]
-    k = torch.cat([k_cache[b] for b in blocks])[:length]
-    v = torch.cat([v_cache[b] for b in blocks])[:length]
+    k_cache, v_cache, k, v = _one_request(g, length, blocks)
     q = torch.randn(new, hq, d, generator=g)
     meta = AttentionMetadata(
         slot_mapping=torch.tensor([blocks[p // bs] * bs + p % bs for p in range(cached, length)]),
