@@ -107,19 +107,8 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
-            hits: list = []
-            num_hit = 0
             if request.num_tokens - request.num_computed_tokens > 1:  # still reading its prompt
-                hits, num_hit = self.kv.get_computed_blocks(request)
-            num_new = min(request.num_tokens - request.num_computed_tokens - num_hit, budget,
-                          chunk_cap)
-            if hits and self.kv.allocate_slots(request, num_new, hits):
-                request.num_computed_tokens += num_hit
-                request.num_cached_tokens += num_hit
-                out.scheduled.append(ScheduledRequest(request, num_new))
-                budget -= num_new
-                i += 1
-                continue
+                self._take_blocks_computed_meanwhile(request)
             num_new = min(request.num_tokens - request.num_computed_tokens, budget, chunk_cap)
             while not self.kv.allocate_slots(request, num_new):
                 victim = self.running.pop()  # latest admitted first
@@ -137,6 +126,14 @@ class Scheduler:
         if not out.preempted:
             self._admit_waiting(out, budget, chunk_cap)
         return out
+
+    def _take_blocks_computed_meanwhile(self, request: Request) -> None:
+        """Skip the part of a running request's prompt that other requests have computed
+        since its last chunk (chats sharing a prefix then compute it once, together)."""
+        hits, num_hit = self.kv.get_computed_blocks(request)
+        if hits and self.kv.allocate_slots(request, 0, hits):
+            request.num_computed_tokens += num_hit
+            request.num_cached_tokens += num_hit
 
     def _admit_waiting(self, out: SchedulerOutput, budget: int, chunk_cap: int) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
