@@ -58,6 +58,12 @@ class AttentionMetadata:
         return self.max_query_len == 1
 
 
+def _additive_mask(hidden: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """0 where a key is seen, -inf where `hidden` (SDPA reads this faster than a bool mask)."""
+    return torch.zeros(hidden.shape, dtype=dtype, device=hidden.device).masked_fill(
+        hidden, float("-inf"))
+
+
 def paged_attention_torch(
     query: torch.Tensor,
     k_cache: torch.Tensor,
@@ -79,8 +85,10 @@ def paged_attention_torch(
         return meta.block_tables[:, :n_blocks].long().flatten()
 
     def first_of_consecutive_blocks() -> int | None:
+        if b != 1:
+            return None
         ids = meta.block_tables[0, :n_blocks].tolist()
-        return ids[0] if b == 1 and ids == list(range(ids[0], ids[0] + n_blocks)) else None
+        return ids[0] if ids == list(range(ids[0], ids[0] + n_blocks)) else None
 
     # Each request's context: [B, Hkv, ctx, D] (a strided view). One request whose blocks
     # are consecutive (common: the pool hands out never-used blocks in order) is a plain
@@ -104,8 +112,7 @@ def paged_attention_torch(
         def decode_mask() -> torch.Tensor:
             key_pos = torch.arange(ctx, device=dev)
             hidden = (key_pos[None, :] >= meta.seq_lens.long()[:, None]).view(b, 1, 1, ctx)
-            return torch.zeros(hidden.shape, dtype=k.dtype, device=dev).masked_fill(
-                hidden, float("-inf"))
+            return _additive_mask(hidden, k.dtype)
 
         if b == 1:  # one request: cut its context to length instead of masking the rest
             k, v, mask = k[:, :, :meta.max_seq_len], v[:, :, :meta.max_seq_len], None
@@ -128,8 +135,7 @@ def paged_attention_torch(
             def lower_right_mask() -> torch.Tensor:
                 rows = torch.arange(num_tokens, device=dev)[:, None] + (seq_len - num_tokens)
                 hidden = torch.arange(seq_len, device=dev)[None, :] > rows
-                return torch.zeros(hidden.shape, dtype=k.dtype, device=dev).masked_fill(
-                    hidden, float("-inf"))[None, None]
+                return _additive_mask(hidden, k.dtype)[None, None]
 
             mask = meta.memo("attn.lower_right_mask", lower_right_mask)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
