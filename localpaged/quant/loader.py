@@ -67,7 +67,6 @@ def _load_bias(layer: QuantLinear, prefix: str, bias: torch.Tensor) -> None:
         return
     with torch.no_grad():
         layer.bias.copy_(bias)
-    layer.bias_loaded = True
 
 
 def load_quantized_weights(
@@ -91,6 +90,8 @@ def load_quantized_weights(
             if leaf not in _QUANT_LEAVES:
                 raise ValueError(f"unexpected tensor {name!r} for quantized layer {prefix!r} "
                                  f"(expected {', '.join(_QUANT_LEAVES)})")
+            if leaf == "bias":
+                loaded.add(name)  # copied now, or with the layer's other tensors (or refused)
             if prefix in done:
                 if leaf != "bias":
                     raise ValueError(f"tensor {name!r} appears twice")
@@ -122,7 +123,7 @@ def load_quantized_weights(
         raise ValueError(_missing_message(prefix, "qweight", model.get_submodule(prefix), spec))
     for prefix in sorted(targets):
         layer = model.get_submodule(prefix)
-        if layer.bias is not None and not getattr(layer, "bias_loaded", False):
+        if layer.bias is not None and f"{prefix}.bias" not in loaded:
             raise ValueError(f"tensor '{prefix}.bias' is missing: expected shape {(layer.out_features,)}")
     for name in params:
         if name not in loaded:
