@@ -47,6 +47,20 @@ def fuse_linears(layers: list[nn.Module]) -> nn.Module:
     return type(first).concat(layers)  # QuantLinear
 
 
+def _fuse(module: nn.Module, fused_name: str, names: tuple[str, ...]) -> None:
+    """Set `module.<fused_name>` to the layers `module.<names>` joined, and drop those. Does
+    nothing when already fused; layers that cannot be joined (mixed kinds) stay apart."""
+    if getattr(module, fused_name) is not None:
+        return
+    try:
+        fused = fuse_linears([getattr(module, name) for name in names])
+    except ValueError:
+        return
+    setattr(module, fused_name, fused)
+    for name in names:
+        delattr(module, name)
+
+
 class RMSNorm(nn.Module):
     """RMSNorm whose forward fuses the residual add before it (see kernels.rms_norm)."""
 
@@ -75,15 +89,8 @@ class Attention(nn.Module):
         self.qkv_proj: nn.Module | None = None  # set by fuse_projections
 
     def fuse_projections(self) -> None:
-        """Replace q/k/v with one layer computing all three (one matmul instead of three).
-        Layers that cannot be joined (mixed kinds) stay apart."""
-        if self.qkv_proj is not None:
-            return
-        try:
-            self.qkv_proj = fuse_linears([self.q_proj, self.k_proj, self.v_proj])
-        except ValueError:
-            return
-        del self.q_proj, self.k_proj, self.v_proj
+        """Replace q/k/v with one layer computing all three (one matmul instead of three)."""
+        _fuse(self, "qkv_proj", ("q_proj", "k_proj", "v_proj"))
 
     def forward(
         self,
@@ -120,13 +127,7 @@ class MLP(nn.Module):
 
     def fuse_projections(self) -> None:
         """Replace gate and up with one layer computing both, side by side."""
-        if self.gate_up_proj is not None:
-            return
-        try:
-            self.gate_up_proj = fuse_linears([self.gate_proj, self.up_proj])
-        except ValueError:
-            return
-        del self.gate_proj, self.up_proj
+        _fuse(self, "gate_up_proj", ("gate_proj", "up_proj"))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up_proj is not None:
