@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from localpaged.kernels._triton import require_triton
+from localpaged.kernels.attention_cpu import paged_decode_attention_cpu, supports
 from localpaged.kernels.attention_decode import paged_decode_attention
 from localpaged.kernels.attention_prefill import paged_prefill_attention
 from localpaged.kernels.backend import use_triton
@@ -195,4 +196,8 @@ def paged_attention(
     """Causal attention of each request's new query tokens over its paged context."""
     if use_triton(query):
         return paged_attention_triton(query, k_cache, v_cache, meta, scale)
+    if meta.is_decode_only and meta.memo("attn.cpu_kernel", lambda: supports(query, k_cache)):
+        tables, lens = meta.memo("attn.cpu_tables", lambda: (
+            meta.block_tables.to(torch.int32).contiguous(), meta.seq_lens.to(torch.int32).contiguous()))
+        return paged_decode_attention_cpu(query, k_cache, v_cache, tables, lens, scale)
     return paged_attention_torch(query, k_cache, v_cache, meta, scale)

@@ -13,11 +13,12 @@ from torch import nn
 # they read fewer bytes. From here on (prefill chunks, wide decode batches) a dense 16-bit
 # matmul (AMX / AVX512-BF16 through oneDNN) is several times faster.
 DENSE_MIN_ROWS = 16
-# The int8 lm_head wins up to a few rows only (measured cold, SmolLM2's 49152 x 576 head:
-# 4.8 ms vs 11 ms at one row, even at eight rows, then slower).
+# torch's int8 op for the lm_head wins up to a few rows only (measured cold, SmolLM2's
+# 49152 x 576 head: 4.8 ms vs 11 ms at one row, even at eight rows, then slower). With the own
+# kernel, the int8 head serves every batch (see Int8Linear).
 INT8_HEAD_MAX_ROWS = 7
-# Dense copies of 4-bit layers are kept only while they cost at most this much memory
-# (small models, where prefill speed matters most and the copy is cheap).
+# Extra copies of 4-bit layers made for speed are kept only while they cost at most this much
+# memory (small models, where the copy is cheap).
 DENSE_COPY_LIMIT_GB = float(os.environ.get("LOCALPAGED_CPU_DENSE_GB", "1.0"))
 
 
@@ -25,7 +26,8 @@ def optimize_for_inference(model: nn.Module, device: torch.device) -> dict[str, 
     """Prepare `model` (a localpaged.model.llama model) for the engine. Returns what it did
     as counts, for logs and the engine's stats."""
     model.fuse_projections()
-    done = {"dense_copies": 0, "dense_copy_bytes": 0, "int8_lm_head": 0, "int8_lm_head_bytes": 0}
+    done = {"dense_copies": 0, "dense_copy_bytes": 0, "int8_lm_head": 0, "int8_lm_head_bytes": 0,
+            "single_row_copies": 0, "single_row_bytes": 0}
     if device.type != "cpu" or model.dtype not in (torch.bfloat16, torch.float16):
         return done
     from localpaged.quant.int8_linear import Int8Linear
@@ -34,17 +36,31 @@ def optimize_for_inference(model: nn.Module, device: torch.device) -> dict[str, 
     quantized = [m for m in model.modules() if isinstance(m, QuantLinear)]
     if not quantized:
         return done  # a 16-bit checkpoint stays as it is: nothing to trade
-    dense_bytes = sum(m.in_features * m.out_features * model.dtype.itemsize for m in quantized)
-    if dense_bytes <= DENSE_COPY_LIMIT_GB * 2**30:
-        for m in quantized:
+    budget = DENSE_COPY_LIMIT_GB * 2**30
+    # Layers on the own kernel: torch's int4 op is a little faster for one row (a lone chat's
+    # decode step), so its packing stays beside it while that is cheap.
+    own = [m for m in quantized if m.w4_packed is not None]
+    torch_bytes = sum(m.cpu_packed.numel() + m.cpu_scale_zeros.numel() * m.cpu_scale_zeros.itemsize
+                      for m in own if m.cpu_packed is not None)
+    for m in own:
+        m.keep_single_row_op(torch_bytes <= budget)
+    if torch_bytes <= budget:
+        kept = sum(m.cpu_packed is not None for m in own)
+        done.update(single_row_copies=kept, single_row_bytes=torch_bytes if kept else 0)
+    # Layers on torch's int4 op alone: a dense copy for wide batches, which that op is slow at.
+    rest = [m for m in quantized if m.w4_packed is None]
+    dense_bytes = sum(m.in_features * m.out_features * model.dtype.itemsize for m in rest)
+    if rest and dense_bytes <= budget:
+        for m in rest:
             m.keep_dense_copy(DENSE_MIN_ROWS)
-        done.update(dense_copies=len(quantized), dense_copy_bytes=dense_bytes)
+        done.update(dense_copies=len(rest), dense_copy_bytes=dense_bytes)
     head = model.lm_head
     if type(head) is nn.Linear and head.bias is None:
         # The checkpoint's matrices are quantized already; its output layer in int8 per
         # channel is what llama.cpp runs too (GGUF files ship it as Q8_0 or Q6_K).
         model.lm_head = Int8Linear(head.weight, dense_min_rows=INT8_HEAD_MAX_ROWS + 1)
-        done.update(int8_lm_head=1, int8_lm_head_bytes=head.weight.numel())
+        tiled = model.lm_head.tiles is not None  # the own kernel's copy for wider batches
+        done.update(int8_lm_head=1, int8_lm_head_bytes=head.weight.numel() * (2 if tiled else 1))
     return done
 
 
@@ -54,6 +70,9 @@ def describe(done: dict[str, int]) -> str | None:
     if done["dense_copies"]:
         parts.append(f"bf16 copies of {done['dense_copies']} 4-bit layers for batches of "
                      f">= {DENSE_MIN_ROWS} rows (+{done['dense_copy_bytes'] / 2**20:.0f} MiB)")
+    if done["single_row_copies"]:
+        parts.append(f"torch's int4 packing of {done['single_row_copies']} 4-bit layers for "
+                     f"one-row steps (+{done['single_row_bytes'] / 2**20:.0f} MiB)")
     if done["int8_lm_head"]:
         parts.append(f"an int8 lm_head for decode (+{done['int8_lm_head_bytes'] / 2**20:.0f} MiB)")
     return "; ".join(parts) or None

@@ -2,15 +2,16 @@
 
 Devices:
 * CUDA: the Triton W4A16 GEMM (`localpaged.quant.triton_w4a16`) on the internal layout.
-* CPU: torch's weight-only int4 matmul (`aten._weight_int4pack_mm_for_cpu`), converted once
-  at load (N % 16 == 0, K % 32 == 0, group size a multiple of 32) for bfloat16 / float16
-  layers: the fast path. Float32 layers (the exact path), other shapes, and
-  `LOCALPAGED_INT4_CPU=dequant` dequantize per call and use a dense matmul.
-
-The CPU int4 op is made for few rows: at 32 rows and more a dense bf16 matmul (AMX) is several
-times faster (benchmarks/w4a16.py). `keep_dense_copy` gives a layer a dequantized copy used for
-batches of at least `dense_min_rows` rows (prefill, wide decode batches); the engine turns it on
-for small models only, where the copy costs little memory.
+* CPU, bfloat16: the package's own kernel (`localpaged.quant.cpu_w4`, compiled at first use),
+  which unpacks each weight tile once for all rows (AMX or AVX512-BF16 where the CPU has
+  them): fast from one row to a whole prefill chunk. torch's int4 op
+  (`aten._weight_int4pack_mm_for_cpu`) is a little faster for a single row; `keep_single_row_op`
+  keeps its packing too, for one-request decode steps.
+* CPU without the kernel (no C compiler, float16, other shapes): torch's int4 op, converted once
+  at load (N % 16 == 0, K % 32 == 0, group size a multiple of 32). It is made for few rows:
+  `keep_dense_copy` adds a dequantized copy for batches of at least `dense_min_rows` rows.
+* Float32 layers (the exact path), other shapes, and `LOCALPAGED_INT4_CPU=dequant` dequantize
+  per call and use a dense matmul.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import os
 import torch
 from torch import nn
 
+from localpaged.quant import cpu_w4
 from localpaged.quant.layout import Int4Weight
 
 CPU_GROUP_SIZES = (256, 128, 64, 32)  # what the CPU int4 op accepts
@@ -75,7 +77,7 @@ class QuantLinear(nn.Module):
         self.cpu_group_size = 0
         self.dense_min_rows = 0  # 0: no dense copy
         for name in ("qweight", "scales", "zeros", "perm", "cpu_packed", "cpu_scale_zeros",
-                     "dense_weight"):
+                     "w4_packed", "w4_sb", "dense_weight"):
             self.register_buffer(name, None)
         self.register_buffer(
             "bias", torch.zeros(out_features, dtype=dtype, device=device) if bias else None
@@ -105,11 +107,14 @@ class QuantLinear(nn.Module):
         self.perm = w.perm
         fast = device.type == "cpu" and self.dtype in CPU_DTYPES and _cpu_int4_ok()
         sub = cpu_subgroup(w) if fast else None
+        own = fast and cpu_w4.supports(w, self.dtype) and cpu_w4.available()
+        self.qweight = self.scales = self.zeros = None
+        if own:
+            self.w4_packed, self.w4_sb = cpu_w4.pack(w)
         if sub is not None:
             self.cpu_group_size = sub
             self.cpu_packed, self.cpu_scale_zeros = to_cpu_int4pack(w, sub, self.dtype)
-            self.qweight = self.scales = self.zeros = None
-        else:
+        elif not own:
             self.qweight, self.scales, self.zeros = w.qweight, w.scales, w.zeros
         if bias is not None:
             if self.bias is None:
@@ -117,14 +122,19 @@ class QuantLinear(nn.Module):
             self.bias = bias.to(device=device, dtype=self.dtype)
 
     def int4_weight(self) -> Int4Weight:
-        """The weight in the internal layout (not kept on the CPU int4 path)."""
+        """The weight in the internal layout (not kept on the CPU paths)."""
         if self.qweight is None:
-            raise RuntimeError("this layer keeps only the CPU int4 packing")
+            raise RuntimeError("this layer keeps only CPU packings")
         return Int4Weight(self.qweight, self.scales, self.zeros, self.group_size, self.perm)
 
     @torch.no_grad()
     def dequantized(self) -> torch.Tensor:
         """The weight `[N, K]` in the layer's dtype, in the original input-channel order."""
+        if self.w4_packed is not None:
+            w = cpu_w4.dequantize(self.w4_packed, self.w4_sb).to(self.dtype)
+            if self.perm is not None:
+                w = torch.empty_like(w).index_copy_(1, self.perm, w)
+            return w.contiguous()
         if self.cpu_packed is None:
             return self.int4_weight().dequantize(self.dtype)
         # The CPU op applied to the identity returns W.T exactly: one product per output.
@@ -134,6 +144,11 @@ class QuantLinear(nn.Module):
         if self.perm is not None:  # column i of w belongs to input channel perm[i]
             w = torch.empty_like(w).index_copy_(1, self.perm, w)
         return w.contiguous()
+
+    def keep_single_row_op(self, keep: bool) -> None:
+        """Keep (or drop) torch's int4 packing beside the own kernel's, for one-row inputs."""
+        if not keep and self.w4_packed is not None:
+            self.cpu_packed = self.cpu_scale_zeros = None
 
     def keep_dense_copy(self, min_rows: int) -> None:
         """Also hold the dequantized weight and use it for inputs of >= `min_rows` rows."""
@@ -157,11 +172,15 @@ class QuantLinear(nn.Module):
             for part in layers)
         if not same:
             raise ValueError("layers differ in input size, dtype, grouping, bias or act-order")
-        if first.cpu_packed is not None and any(
-                part.cpu_packed is None or part.out_features % CPU_PACK_BLOCK_N for part in layers[:-1]):
+        if any((part.w4_packed is None) != (first.w4_packed is None)
+               or (part.cpu_packed is None) != (first.cpu_packed is None) for part in layers):
+            raise ValueError("layers are packed for different kernels")
+        torch_joins = all(part.out_features % CPU_PACK_BLOCK_N == 0 for part in layers[:-1])
+        if first.cpu_packed is not None and first.w4_packed is None and not torch_joins:
             raise ValueError(f"CPU-packed layers join only at multiples of {CPU_PACK_BLOCK_N} "
                              "output channels")
-        device = (first.cpu_packed if first.cpu_packed is not None else first.qweight).device
+        device = next(t for t in (first.w4_packed, first.cpu_packed, first.qweight)
+                      if t is not None).device
         out = cls(first.in_features, sum(part.out_features for part in layers), first.bias is not None,
                   first.dtype, device)
         out.group_size, out.cpu_group_size, out.perm = first.group_size, first.cpu_group_size, first.perm
@@ -171,8 +190,11 @@ class QuantLinear(nn.Module):
             parts = [getattr(part, name) for part in layers]
             return None if parts[0] is None else torch.cat(parts, dim)
 
-        # CPU packing: [N, K/2] and [K/sub, N, 2]; internal: [K/8, N] and [G, N]; dense [N, K].
-        out.cpu_packed, out.cpu_scale_zeros = cat("cpu_packed", 0), cat("cpu_scale_zeros", 1)
+        # Own kernel: [N/16, K/2, 16] and [N/16, G, 2, 16]; torch's CPU packing: [N, K/2] and
+        # [K/sub, N, 2]; internal: [K/8, N] and [G, N]; dense [N, K].
+        out.w4_packed, out.w4_sb = cat("w4_packed", 0), cat("w4_sb", 0)
+        if torch_joins:  # else the own kernel serves single rows too
+            out.cpu_packed, out.cpu_scale_zeros = cat("cpu_packed", 0), cat("cpu_scale_zeros", 1)
         out.qweight, out.scales, out.zeros = cat("qweight", 1), cat("scales", 1), cat("zeros", 1)
         out.dense_weight, out.bias = cat("dense_weight", 0), cat("bias", 0)
         return out
@@ -185,7 +207,9 @@ class QuantLinear(nn.Module):
             return y.to(x.dtype).reshape(*shape[:-1], self.out_features)
         if self.perm is not None:
             x2 = x2.index_select(1, self.perm)
-        if self.cpu_packed is not None:
+        if self.w4_packed is not None and (x2.shape[0] > 1 or self.cpu_packed is None):
+            y = cpu_w4.matmul(x2, self.w4_packed, self.w4_sb)
+        elif self.cpu_packed is not None:
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(
                 x2.to(self.dtype).contiguous(), self.cpu_packed, self.cpu_group_size,
                 self.cpu_scale_zeros,
@@ -203,7 +227,10 @@ class QuantLinear(nn.Module):
         return y.to(x.dtype).reshape(*shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        path = "cpu-int4" if self.cpu_packed is not None else "int4"
+        path = "cpu-w4" if self.w4_packed is not None else ""
+        if self.cpu_packed is not None:
+            path += ", torch int4 for one row" if path else "cpu-int4"
+        path = path or "int4"
         if self.dense_weight is not None:
             path += f", dense for >= {self.dense_min_rows} rows"
         return (f"in_features={self.in_features}, out_features={self.out_features}, "

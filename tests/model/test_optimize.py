@@ -12,6 +12,7 @@ import torch
 from localpaged.kernels import AttentionMetadata
 from localpaged.model.loader import load_model
 from localpaged.model.optimize import optimize_for_inference
+from localpaged.quant import cpu_w4
 from localpaged.quant.int8_linear import Int8Linear
 from localpaged.quant.linear import QuantLinear
 
@@ -45,18 +46,25 @@ def test_fused_projections_compute_the_same_logits(tiny_qwen2: Path) -> None:
 
 
 @pytest.mark.smollm
-def test_optimized_4bit_smollm_stays_close_to_the_plain_4bit_model(smollm_gguf: Path) -> None:
+def test_optimized_4bit_smollm_stays_close_to_the_plain_4bit_model(
+        smollm_gguf: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LOCALPAGED_CPU_KERNELS", "off")  # the reference: torch's int4 op only
     plain, _ = load_model(smollm_gguf)  # auto: bfloat16 compute, Q4_1 matrices kept 4-bit
+    monkeypatch.delenv("LOCALPAGED_CPU_KERNELS")
     fast, _ = load_model(smollm_gguf)
     done = optimize_for_inference(fast, torch.device("cpu"))
-    assert done["dense_copies"] == 2 * 30 + 30 + 30  # qkv, o, gate_up, down per layer
+    layers = 2 * 30 + 30 + 30  # qkv, o, gate_up, down per layer
+    if cpu_w4.available():  # the own kernel serves every batch; torch's op is kept for one row
+        assert done["single_row_copies"] == layers and done["dense_copies"] == 0
+    else:
+        assert done["dense_copies"] == layers
     assert done["int8_lm_head"] == 1 and isinstance(fast.lm_head, Int8Linear)
     assert isinstance(fast.model.layers[0].self_attn.qkv_proj, QuantLinear)
 
     ids = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 30, 2, 198, 1, 4093, 198, 1780,
            314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198]  # SmolLM2 chat prompt
     ref = torch.log_softmax(plain.compute_logits(_hidden(plain, ids)), -1)
-    hidden = _hidden(fast, ids)  # 28 rows: the dense copies
+    hidden = _hidden(fast, ids)  # 28 rows: the own kernel (or the dense copies)
     wide = torch.log_softmax(fast.compute_logits(hidden), -1)  # 28 rows: the dense head
     narrow = torch.log_softmax(torch.cat([fast.compute_logits(h[None]) for h in hidden]), -1)
     for got in (wide, narrow):  # narrow: one row at a time, the int8 head

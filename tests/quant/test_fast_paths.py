@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from localpaged.quant import cpu_w4
 from localpaged.quant.int8_linear import Int8Linear
 from localpaged.quant.layout import from_codes
 from localpaged.quant.linear import QuantLinear
@@ -45,7 +46,17 @@ def test_concat_equals_the_layers_side_by_side(dtype: torch.dtype, act_order: bo
     torch.testing.assert_close(fused(x), expected, rtol=0, atol=0)
 
 
-def test_concat_refuses_layers_that_differ() -> None:
+@pytest.fixture(params=["own", "torch"])
+def cpu_kernels(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Layers built with the package's CPU kernel (where it builds) or with torch's ops only."""
+    if request.param == "torch":
+        monkeypatch.setenv("LOCALPAGED_CPU_KERNELS", "off")
+    elif not cpu_w4.available():
+        pytest.skip("the CPU kernel does not build here")
+    return request.param
+
+
+def test_concat_refuses_layers_that_differ(cpu_kernels: str) -> None:
     a, b = _layers(torch.bfloat16, sizes=(64, 32))
     c = QuantLinear.from_int4(_int4(128, 32, 64, 9), None, torch.bfloat16, "cpu")
     with pytest.raises(ValueError, match="differ"):
@@ -54,15 +65,22 @@ def test_concat_refuses_layers_that_differ() -> None:
     with pytest.raises(ValueError, match="differ"):
         QuantLinear.concat([a, d])
     assert QuantLinear.concat([a, b]).out_features == 96
-    with pytest.raises(ValueError, match="multiples of 64"):  # the CPU packing's N blocks
-        QuantLinear.concat([b, a])
+    if cpu_kernels == "torch":
+        with pytest.raises(ValueError, match="multiples of 64"):  # the CPU packing's N blocks
+            QuantLinear.concat([b, a])
+    else:  # the own kernel's tiles join anywhere; torch's packing is left out of the join
+        joined = QuantLinear.concat([b, a])
+        assert joined.cpu_packed is None and joined.w4_packed is not None
+        x = torch.randn(3, 128, dtype=torch.bfloat16)
+        torch.testing.assert_close(joined(x), torch.cat([b(x), a(x)], -1), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("act_order", [False, True])
-def test_dequantized_recovers_the_weight_from_the_cpu_packing(act_order: bool) -> None:
+def test_dequantized_recovers_the_weight_from_the_cpu_packing(act_order: bool, cpu_kernels: str) -> None:
     w = _int4(128, 48, 32, 3, act_order)
     layer = QuantLinear.from_int4(w, None, torch.bfloat16, "cpu")
-    assert layer.cpu_packed is not None and layer.qweight is None  # only the CPU packing
+    assert layer.cpu_packed is not None and layer.qweight is None  # only CPU packings
+    assert (layer.w4_packed is not None) == (cpu_kernels == "own")
     dense = layer.dequantized()
     # What the int4 op computes, to its own rounding...
     x = torch.randn(4, 128, dtype=torch.bfloat16)
@@ -72,7 +90,7 @@ def test_dequantized_recovers_the_weight_from_the_cpu_packing(act_order: bool) -
     assert (dense.float() - ref).abs().max() <= 0.01 * ref.abs().max()
 
 
-def test_dense_copy_serves_wide_batches_only() -> None:
+def test_dense_copy_serves_wide_batches_only(cpu_kernels: str) -> None:
     layer = QuantLinear.from_int4(_int4(128, 48, 32, 4), None, torch.bfloat16, "cpu")
     narrow, wide = torch.randn(3, 128, dtype=torch.bfloat16), torch.randn(20, 128, dtype=torch.bfloat16)
     before_narrow, before_wide = layer(narrow), layer(wide)
@@ -83,16 +101,21 @@ def test_dense_copy_serves_wide_batches_only() -> None:
     torch.testing.assert_close(layer(wide), before_wide, rtol=2e-2, atol=2e-2)
 
 
-def test_int8_head_is_close_to_the_dense_head_and_uses_it_for_wide_batches() -> None:
+def test_int8_head_is_close_to_the_dense_head(cpu_kernels: str) -> None:
     g = torch.Generator().manual_seed(0)
-    weight = (torch.randn(1000, 64, generator=g) * 0.05).to(torch.bfloat16)
+    weight = (torch.randn(1008, 64, generator=g) * 0.05).to(torch.bfloat16)
     head = Int8Linear(weight, dense_min_rows=8)
-    x = torch.randn(2, 64, generator=g).to(torch.bfloat16)
-    ref = torch.nn.functional.linear(x.float(), weight.float())
-    got = head(x).float()
-    # Per-channel int8 keeps logits within a percent of their spread.
-    assert (got - ref).abs().max() < 0.01 * ref.abs().max()
-    assert torch.equal(got.argmax(-1), ref.argmax(-1))
-    wide = torch.randn(8, 64, generator=g).to(torch.bfloat16)
-    assert torch.equal(head(wide), torch.nn.functional.linear(wide, weight))
+    assert (head.tiles is not None) == (cpu_kernels == "own")
     assert head.dense.data_ptr() == weight.data_ptr()  # shared: a tied embedding is not copied
+    for rows in (2, 3, 8, 20):  # torch's int8 op, then the own kernel or the dense weight
+        x = torch.randn(rows, 64, generator=g).to(torch.bfloat16)
+        ref = torch.nn.functional.linear(x.float(), weight.float())
+        got = head(x).float()
+        # Per-channel int8 keeps logits within a percent of their spread.
+        assert (got - ref).abs().max() < 0.01 * ref.abs().max()
+        assert torch.equal(got.argmax(-1), ref.argmax(-1))
+        if rows >= 8 and cpu_kernels == "torch":
+            assert torch.equal(head(x), torch.nn.functional.linear(x, weight))
+        if rows > 2 and cpu_kernels == "own":  # exactly the int8 product, to bf16 rounding
+            exact = (x.float() @ head.codes.float().t()) * head.scales.float()
+            assert (got - exact).abs().max() <= 2**-7 * exact.abs().max()

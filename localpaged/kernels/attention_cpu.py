@@ -1,0 +1,65 @@
+"""Decode attention on the CPU with the package's C kernel (`cpu/paged_decode.c`), which reads
+each request's KV blocks in place: no gathered copy of the contexts, no padding mask. Used for
+bf16 decode steps when the kernel builds here; everything else takes the torch path."""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from localpaged.kernels import native
+
+LIBRARY = "paged_decode"
+MAX_QUERY_HEADS_PER_KV_HEAD, MAX_HEAD_DIM = 16, 256  # the kernel's scratch sizes
+
+
+def _library() -> ctypes.CDLL | None:
+    lib = native.load(LIBRARY)
+    if lib is not None and not getattr(lib, "_typed", False):
+        lib.paged_decode_bf16.argtypes = (
+            [ctypes.c_void_p] * 4 + [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+            + [ctypes.c_int] * 5 + [ctypes.c_float, ctypes.c_int])
+        lib.paged_decode_bf16.restype = ctypes.c_int
+        lib._typed = True
+    return lib
+
+
+def supports(query: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    """Whether this decode step can run on the kernel (bf16 CPU tensors, shapes in bounds)."""
+    heads, dim = query.shape[1], query.shape[2]
+    kv_heads = k_cache.shape[2]
+    return (query.device.type == "cpu" and query.dtype == k_cache.dtype == torch.bfloat16
+            and heads % kv_heads == 0 and heads // kv_heads <= MAX_QUERY_HEADS_PER_KV_HEAD
+            and dim <= MAX_HEAD_DIM and k_cache.is_contiguous()
+            and native.enabled() and _library() is not None)
+
+
+def paged_decode_attention_cpu(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """query `[B, Hq, D]` (one token per request); caches `[blocks, block_size, Hkv, D]`;
+    block_tables `[B, max_blocks]` int32; seq_lens `[B]` int32. Returns `[B, Hq, D]`."""
+    lib = _library()
+    if lib is None:
+        raise RuntimeError("the CPU decode-attention kernel is not available on this machine")
+    q = query.contiguous()
+    tables, lens = block_tables, seq_lens
+    if tables.dtype != torch.int32 or not tables.is_contiguous():
+        tables = tables.to(torch.int32).contiguous()
+    if lens.dtype != torch.int32 or not lens.is_contiguous():
+        lens = lens.to(torch.int32).contiguous()
+    batch, heads, dim = q.shape
+    out = torch.empty_like(q)
+    rc = lib.paged_decode_bf16(
+        q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), tables.shape[1],
+        lens.data_ptr(), out.data_ptr(), batch, heads, k_cache.shape[2], dim, k_cache.shape[1],
+        scale, torch.get_num_threads())
+    if rc:
+        raise MemoryError("the CPU decode-attention kernel could not allocate its scratch memory")
+    return out

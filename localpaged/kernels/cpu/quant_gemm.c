@@ -1,0 +1,351 @@
+/* y = x @ W.T for a 4-bit weight W and bfloat16 activations x, on the CPU.
+ *
+ * torch's CPU int4 op unpacks the weight again for every 4 rows of x, so a decode step of
+ * 8 or 32 requests pays for the unpacking 2 or 8 times. This kernel unpacks each weight tile
+ * once into registers and multiplies it with up to 8 rows at a time, so a step of a few
+ * requests costs about what the weight's bytes cost to read.
+ *
+ * Layout (built by localpaged/quant/cpu_w4.py):
+ *   packed  uint8 [N/16][K/2][16]  byte j of pair p of tile t holds
+ *                                  q[2p][16t+j] | q[2p+1][16t+j] << 4   (codes 0..15)
+ *   sb      bf16  [N/16][G][2][16] per group and column: scale s, then offset b,
+ *                                  W[n][k] = q[k][n] * s + b
+ *   x       bf16  [M][K],  y bf16 [M][N]
+ *
+ * With AVX512-BF16 the codes become bf16 numbers 128 + q by bit operations alone
+ * (0x4300 | q), and VDPBF16PS multiplies two of them with two activations per lane, exactly,
+ * summing in float32; the 128 is taken out per group with the group's sum of x.
+ * Without it, plain C loops (vectorized by the compiler) compute the same sums in float32.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bf16.h"
+#include <omp.h>
+
+#if defined(__AVX512BF16__) && defined(__AVX512F__) && !defined(LOCALPAGED_GENERIC)
+#include <immintrin.h>
+#define W4_AVX512BF16 1
+#endif
+
+#define TILE 16
+#define MAX_ROWS 8
+/* How far ahead of the unpacking the weight stream is fetched (the hardware prefetcher alone
+ * leaves the unpacking waiting on memory when the weights are not in cache). */
+#ifndef PREFETCH_BYTES
+#define PREFETCH_BYTES 1024
+#endif
+
+/* Sum of each group of each row of x, in float32: xs[m][g]. */
+static void group_sums(const uint16_t *x, int m_rows, int k, int gs, float *xs) {
+    int groups = k / gs;
+    for (int m = 0; m < m_rows; m++)
+        for (int g = 0; g < groups; g++) {
+            float s = 0.f;
+            const uint16_t *xp = x + (size_t)m * k + (size_t)g * gs;
+            for (int i = 0; i < gs; i++) s += bf16_to_f32(xp[i]);
+            xs[(size_t)m * groups + g] = s;
+        }
+}
+
+#ifdef W4_AVX512BF16
+
+static inline __m512 load_bf16x16(const uint16_t *p) {
+    __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+}
+
+/* One tile of 16 output columns for `rows` (1..MAX_ROWS) rows of x starting at x; inlined
+ * once per row count, so the row loops unroll into registers. */
+static inline __attribute__((always_inline)) void tile_rows_n(const uint8_t *wp, const uint16_t *sbp, const uint16_t *x,
+                             const float *xs, uint16_t *y, int rows, int k, int n, int gs) {
+    const int groups = k / gs, pairs = gs / 2;
+    const __m512i low = _mm512_set1_epi32(0x0f), high = _mm512_set1_epi32(0xf0);
+    const __m512i magic = _mm512_set1_epi32(0x43004300); /* bf16 128.0 in both halves */
+    const uint32_t *xw = (const uint32_t *)x;             /* pairs of bf16 activations */
+    __m512 acc[MAX_ROWS];
+    for (int m = 0; m < MAX_ROWS; m++) acc[m] = _mm512_setzero_ps();
+    for (int g = 0; g < groups; g++) {
+        /* Two sums per row (even and odd pairs): with few rows, one chain of dependent
+         * VDPBF16PS would wait on its own latency. */
+        __m512 dot[MAX_ROWS], dot2[MAX_ROWS];
+        for (int m = 0; m < MAX_ROWS; m++) dot[m] = dot2[m] = _mm512_setzero_ps();
+        const uint8_t *gp = wp + (size_t)g * pairs * TILE;
+        const int p0 = g * pairs;
+        for (int p = 0; p < pairs; p++) {
+            if (p % 4 == 0) _mm_prefetch((const char *)(gp + p * TILE) + PREFETCH_BYTES, _MM_HINT_T0);
+            __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(gp + p * TILE)));
+            __m512i w = _mm512_or_si512(
+                _mm512_or_si512(_mm512_and_si512(v, low),
+                                _mm512_slli_epi32(_mm512_and_si512(v, high), 12)),
+                magic);
+            __m512bh wb = (__m512bh)w;
+#pragma GCC unroll 8
+            for (int m = 0; m < MAX_ROWS; m++) {
+                if (m >= rows) continue;
+                __m512bh xb = (__m512bh)_mm512_set1_epi32((int)xw[(size_t)m * (k / 2) + p0 + p]);
+                if (rows <= 4 && p % 2)
+                    dot2[m] = _mm512_dpbf16_ps(dot2[m], wb, xb);
+                else
+                    dot[m] = _mm512_dpbf16_ps(dot[m], wb, xb);
+            }
+        }
+        if (rows <= 4)
+            for (int m = 0; m < rows; m++) dot[m] = _mm512_add_ps(dot[m], dot2[m]);
+        const __m512 s = load_bf16x16(sbp + (size_t)g * 2 * TILE);
+        const __m512 b = load_bf16x16(sbp + (size_t)g * 2 * TILE + TILE);
+#pragma GCC unroll 8
+        for (int m = 0; m < MAX_ROWS; m++)
+            if (m < rows) {
+                const float sx = xs[(size_t)m * groups + g];
+                __m512 t = _mm512_sub_ps(dot[m], _mm512_set1_ps(128.f * sx));
+                acc[m] = _mm512_fmadd_ps(s, t, acc[m]);
+                acc[m] = _mm512_fmadd_ps(b, _mm512_set1_ps(sx), acc[m]);
+            }
+    }
+    for (int m = 0; m < rows; m++)
+        _mm256_storeu_si256((__m256i *)(y + (size_t)m * n), (__m256i)_mm512_cvtneps_pbh(acc[m]));
+}
+
+static void tile_rows(const uint8_t *wp, const uint16_t *sbp, const uint16_t *x, const float *xs,
+                      uint16_t *y, int rows, int k, int n, int gs) {
+    switch (rows) {
+#define W4_CASE(r) case r: tile_rows_n(wp, sbp, x, xs, y, r, k, n, gs); break;
+        W4_CASE(1) W4_CASE(2) W4_CASE(3) W4_CASE(4) W4_CASE(5) W4_CASE(6) W4_CASE(7) W4_CASE(8)
+#undef W4_CASE
+    }
+}
+
+#else
+
+static inline void tile_rows(const uint8_t *wp, const uint16_t *sbp, const uint16_t *x,
+                             const float *xs, uint16_t *y, int rows, int k, int n, int gs) {
+    const int groups = k / gs, pairs = gs / 2;
+    for (int m = 0; m < rows; m++) {
+        const uint16_t *xm = x + (size_t)m * k;
+        float acc[TILE] = {0};
+        for (int g = 0; g < groups; g++) {
+            float dot[TILE] = {0};
+            const uint8_t *gp = wp + (size_t)g * pairs * TILE;
+            for (int p = 0; p < pairs; p++) {
+                const float x0 = bf16_to_f32(xm[g * gs + 2 * p]);
+                const float x1 = bf16_to_f32(xm[g * gs + 2 * p + 1]);
+                for (int j = 0; j < TILE; j++) {
+                    const uint8_t c = gp[p * TILE + j];
+                    dot[j] += (float)(c & 15) * x0 + (float)(c >> 4) * x1;
+                }
+            }
+            const uint16_t *sp = sbp + (size_t)g * 2 * TILE;
+            const float sx = xs[(size_t)m * groups + g];
+            for (int j = 0; j < TILE; j++)
+                acc[j] += bf16_to_f32(sp[j]) * dot[j] + bf16_to_f32(sp[TILE + j]) * sx;
+        }
+        for (int j = 0; j < TILE; j++) y[(size_t)m * n + j] = f32_to_bf16(acc[j]);
+    }
+}
+
+#endif
+
+#if defined(W4_AVX512BF16) && defined(__AMX_TILE__) && defined(__AMX_BF16__) && !defined(LOCALPAGED_NO_AMX)
+#define W4_AMX 1
+/* Below this many rows AMX gains nothing on the unpacking, and AVX512-BF16 reads the weight
+ * with fewer steps (measured on SmolLM2's shapes). */
+#define AMX_MIN_ROWS 3
+#include <sys/syscall.h>
+#include <unistd.h>
+
+/* Linux hands out AMX state only on request, once per process. */
+static int amx_allowed(void) {
+    static int state = -1; /* -1 unknown; racing threads compute the same answer */
+    if (state < 0) state = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */,
+                                   18 /* XFEATURE_XTILEDATA */) == 0;
+    return state;
+}
+
+struct tile_config {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+};
+
+/* Tiles: 0 = C (16 rows x 16 float32), 1 = A (16 rows of x, 32 bf16),
+ * 2 = B (16 pairs of K x 16 columns, bf16 pairs: the unpacked weight). */
+static void amx_configure(void) {
+    struct tile_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int i = 0; i < 3; i++) {
+        cfg.colsb[i] = 64;
+        cfg.rows[i] = 16;
+    }
+    _tile_loadconfig(&cfg);
+}
+
+/* word i of the result: bf16 i/2 of `lo` if i is even, of `hi` if odd (a B-tile row) */
+static inline __m512i interleave_bf16(__m512 lo, __m512 hi) {
+    const __m512i order = _mm512_set_epi16(
+        31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+        23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    return _mm512_permutexvar_epi16(order, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+}
+
+/* A 4-bit tile of 16 columns dequantized to B-tile rows (pairs of K per column, bf16, rounded
+ * as a dense bf16 copy would be). */
+static void unpack_w4(const uint8_t *wp, const uint16_t *sbp, uint32_t *bbuf, int k, int gs) {
+    const int pairs = gs / 2;
+    const __m512i low = _mm512_set1_epi32(0x0f);
+    for (int g = 0; g < k / gs; g++) {
+        const uint8_t *gp = wp + (size_t)g * pairs * TILE;
+        const __m512 s = load_bf16x16(sbp + (size_t)g * 2 * TILE);
+        const __m512 b = load_bf16x16(sbp + (size_t)g * 2 * TILE + TILE);
+        for (int p = 0; p < pairs; p++) {
+            if (p % 4 == 0) _mm_prefetch((const char *)(gp + p * TILE) + PREFETCH_BYTES, _MM_HINT_T0);
+            __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(gp + p * TILE)));
+            __m512 lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(v, low)), s, b);
+            __m512 hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4)), s, b);
+            _mm512_store_si512((__m512i *)(bbuf + ((size_t)g * pairs + p) * TILE),
+                               interleave_bf16(lo, hi));
+        }
+    }
+}
+
+/* An 8-bit tile of 16 columns as B-tile rows: the codes themselves, exact in bf16 (the
+ * per-column scale is applied to the result). */
+static void unpack_w8(const int8_t *wp, uint32_t *bbuf, int k) {
+    for (int p = 0; p < k / 2; p++) {
+        const int8_t *pp = wp + (size_t)p * 2 * TILE;
+        if (p % 2 == 0) _mm_prefetch((const char *)pp + PREFETCH_BYTES, _MM_HINT_T0);
+        __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)pp)));
+        __m512 hi = _mm512_cvtepi32_ps(
+            _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(pp + TILE))));
+        _mm512_store_si512((__m512i *)(bbuf + (size_t)p * TILE), interleave_bf16(lo, hi));
+    }
+}
+
+/* y[:, 16 columns] = xpad (16-row blocks) @ the unpacked tile, times `col_scale` if given. */
+static void amx_product(const uint32_t *bbuf, const uint16_t *xpad, uint16_t *y,
+                        const float *col_scale, int m_rows, int k, int n) {
+    _Alignas(64) float cbuf[16 * TILE];
+    const __m512 scale = col_scale != NULL ? _mm512_loadu_ps(col_scale) : _mm512_set1_ps(1.f);
+    for (int blk = 0; blk < (m_rows + 15) / 16; blk++) {
+        _tile_zero(0);
+        for (int step = 0; step < k / 32; step++) {
+            _tile_loadd(1, xpad + (size_t)blk * 16 * k + step * 32, k * 2);
+            _tile_loadd(2, bbuf + (size_t)step * 16 * TILE, 64);
+            _tile_dpbf16ps(0, 1, 2);
+        }
+        _tile_stored(0, cbuf, 64);
+        const int rows = m_rows - blk * 16 < 16 ? m_rows - blk * 16 : 16;
+        for (int r = 0; r < rows; r++)
+            _mm256_storeu_si256((__m256i *)(y + (size_t)(blk * 16 + r) * n),
+                                (__m256i)_mm512_cvtneps_pbh(
+                                    _mm512_mul_ps(_mm512_load_ps(cbuf + r * TILE), scale)));
+    }
+}
+
+/* Either weight kind on AMX: each thread unpacks its tiles one at a time and multiplies every
+ * 16-row block of x with them. `sb` is the w4 scales/offsets, `col_scale` the w8 scales. */
+static int gemm_amx(const uint16_t *x, const void *packed, const uint16_t *sb,
+                    const float *col_scale, uint16_t *y, int m_rows, int k, int n, int gs,
+                    int threads) {
+    const int tiles = n / TILE, m_pad = (m_rows + 15) / 16 * 16;
+    const size_t bwords = (size_t)(k / 2) * TILE;
+    uint16_t *xpad = m_pad == m_rows ? NULL : calloc((size_t)m_pad * k, sizeof(uint16_t));
+    uint32_t *bbuf = aligned_alloc(64, sizeof(uint32_t) * bwords * threads);
+    if ((m_pad != m_rows && xpad == NULL) || bbuf == NULL) {
+        free(xpad);
+        free(bbuf);
+        return -1;
+    }
+    if (xpad != NULL) memcpy(xpad, x, sizeof(uint16_t) * (size_t)m_rows * k);
+    const uint16_t *xa = xpad != NULL ? xpad : x;
+#pragma omp parallel num_threads(threads)
+    {
+        amx_configure();
+        uint32_t *mine = bbuf + bwords * omp_get_thread_num();
+#pragma omp for schedule(static)
+        for (int t = 0; t < tiles; t++) {
+            if (col_scale == NULL)
+                unpack_w4((const uint8_t *)packed + (size_t)t * (k / 2) * TILE,
+                          sb + (size_t)t * (k / gs) * 2 * TILE, mine, k, gs);
+            else
+                unpack_w8((const int8_t *)packed + (size_t)t * k * TILE, mine, k);
+            amx_product(mine, xa, y + (size_t)t * TILE,
+                        col_scale != NULL ? col_scale + (size_t)t * TILE : NULL, m_rows, k, n);
+        }
+        _tile_release();
+    }
+    free(xpad);
+    free(bbuf);
+    return 0;
+}
+#endif
+
+/* Which instruction set this build uses: 2 = AMX, 1 = AVX512-BF16, 0 = generic C. */
+int w4_gemm_isa(void) {
+#ifdef W4_AMX
+    if (amx_allowed()) return 2;
+#endif
+#ifdef W4_AVX512BF16
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* y[M][N] = x[M][K] @ W.T. Needs N % 16 == 0, K % gs == 0, gs even.
+ * Returns 0, or -1 when scratch memory cannot be had. */
+int w4_gemm_bf16(const uint16_t *x, const uint8_t *packed, const uint16_t *sb, uint16_t *y,
+                 int m_rows, int k, int n, int gs, int threads) {
+    const int groups = k / gs, tiles = n / TILE;
+    float *xs = malloc(sizeof(float) * (size_t)m_rows * groups);
+    if (xs == NULL) return -1;
+#ifdef W4_AMX
+    if (m_rows >= AMX_MIN_ROWS && k % 32 == 0 && amx_allowed()) {
+        free(xs);
+        return gemm_amx(x, packed, sb, NULL, y, m_rows, k, n, gs, threads);
+    }
+#endif
+    group_sums(x, m_rows, k, gs, xs);
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int t = 0; t < tiles; t++) {
+        const uint8_t *wp = packed + (size_t)t * (k / 2) * TILE;
+        const uint16_t *sbp = sb + (size_t)t * groups * 2 * TILE;
+        for (int m0 = 0; m0 < m_rows; m0 += MAX_ROWS) {
+            const int rows = m_rows - m0 < MAX_ROWS ? m_rows - m0 : MAX_ROWS;
+            tile_rows(wp, sbp, x + (size_t)m0 * k, xs + (size_t)m0 * groups,
+                      y + (size_t)m0 * n + (size_t)t * TILE, rows, k, n, gs);
+        }
+    }
+    free(xs);
+    return 0;
+}
+
+/* y[M][N] = (x[M][K] @ codes.T) * scale[N] for int8 codes in tiles: int8 [N/16][K/2][2][16]
+ * (for pair p of tile t: 16 codes of row 2p, then 16 of row 2p + 1). Needs N % 16 == 0 and
+ * K even. Returns 0, or -1 when scratch memory cannot be had. */
+int w8_gemm_bf16(const uint16_t *x, const int8_t *packed, const float *scale, uint16_t *y,
+                 int m_rows, int k, int n, int threads) {
+#ifdef W4_AMX
+    if (k % 32 == 0 && amx_allowed())
+        return gemm_amx(x, packed, NULL, scale, y, m_rows, k, n, 0, threads);
+#endif
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int t = 0; t < n / TILE; t++) {
+        const int8_t *wp = packed + (size_t)t * k * TILE;
+        for (int m = 0; m < m_rows; m++) {
+            const uint16_t *xm = x + (size_t)m * k;
+            float acc[TILE] = {0};
+            for (int p = 0; p < k / 2; p++) {
+                const float x0 = bf16_to_f32(xm[2 * p]), x1 = bf16_to_f32(xm[2 * p + 1]);
+                for (int j = 0; j < TILE; j++)
+                    acc[j] += (float)wp[(size_t)p * 2 * TILE + j] * x0 +
+                              (float)wp[(size_t)p * 2 * TILE + TILE + j] * x1;
+            }
+            for (int j = 0; j < TILE; j++)
+                y[(size_t)m * n + (size_t)t * TILE + j] = f32_to_bf16(acc[j] * scale[t * TILE + j]);
+        }
+    }
+    return 0;
+}

@@ -1,0 +1,109 @@
+"""The package's own CPU matmuls for quantized weights and bf16 activations
+(`localpaged/kernels/cpu/quant_gemm.c`): a weight tile is unpacked once for all rows of x, so
+a decode step of several requests reads the weight about once, where torch's int4 op unpacks
+it again every 4 rows.
+
+* 4-bit: `packed` uint8 `[N/16, K/2, 16]` (two codes of one column per byte, low nibble
+  first) and `sb` bf16 `[N/16, G, 2, 16]` (scale, then offset: `W = q * s + b`).
+* 8-bit per output channel (the lm_head): codes int8 `[N/16, K/2, 2, 16]`, scales float32 `[N]`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from localpaged.kernels import native
+from localpaged.quant.layout import Int4Weight
+
+TILE = 16
+LIBRARY = "quant_gemm"
+
+
+def _library(defines: tuple[str, ...] = ()) -> ctypes.CDLL | None:
+    lib = native.load(LIBRARY, defines)
+    if lib is not None and not getattr(lib, "_typed", False):
+        lib.w4_gemm_bf16.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 5
+        lib.w4_gemm_bf16.restype = ctypes.c_int
+        lib.w8_gemm_bf16.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4
+        lib.w8_gemm_bf16.restype = ctypes.c_int
+        lib.w4_gemm_isa.restype = ctypes.c_int
+        lib._typed = True
+    return lib
+
+
+def available() -> bool:
+    """True when the kernel is wanted (`LOCALPAGED_CPU_KERNELS`), built and loaded here."""
+    return native.enabled() and _library() is not None
+
+
+def supports(w: Int4Weight, dtype: torch.dtype) -> bool:
+    """Whether `w` computed in `dtype` fits the kernel (bf16, N % 16 == 0, whole even groups)."""
+    k, n, gs = w.in_features, w.out_features, w.group_size
+    return dtype == torch.bfloat16 and n % TILE == 0 and gs % 2 == 0 and k % gs == 0
+
+
+def pack(w: Int4Weight) -> tuple[torch.Tensor, torch.Tensor]:
+    """(`packed`, `sb`) for the kernel from `w` (rows in stored order: an act-order layer's
+    input must be permuted by `w.perm` before the matmul)."""
+    codes = w.codes().to(torch.uint8)  # [K, N]
+    k, n = codes.shape
+    pairs = codes.reshape(k // 2, 2, n // TILE, TILE)
+    packed = (pairs[:, 0] | (pairs[:, 1] << 4)).permute(1, 0, 2).contiguous()
+    s = w.scales.float()
+    sb = torch.stack((s, -w.zeros.float() * s), dim=1)  # [G, 2, N]
+    sb = sb.reshape(sb.shape[0], 2, n // TILE, TILE).permute(2, 0, 1, 3)
+    return packed, sb.to(torch.bfloat16).contiguous()
+
+
+def dequantize(packed: torch.Tensor, sb: torch.Tensor) -> torch.Tensor:
+    """The weight `[N, K]` in float32 (stored input order) from the kernel's layout."""
+    tiles, pairs, _ = packed.shape
+    groups = sb.shape[1]
+    q = torch.stack((packed & 15, packed >> 4), dim=2).reshape(tiles, groups, -1, TILE).float()
+    s, b = sb.float().unbind(dim=2)  # [T, G, 16] each
+    w = q * s[:, :, None] + b[:, :, None]  # [T, G, gs, 16]
+    return w.reshape(tiles, pairs * 2, TILE).permute(0, 2, 1).reshape(tiles * TILE, pairs * 2)
+
+
+def matmul(x: torch.Tensor, packed: torch.Tensor, sb: torch.Tensor,
+           defines: tuple[str, ...] = ()) -> torch.Tensor:
+    """`x @ W.T` for bf16 `x` `[M, K]`; `defines` picks a build (tests: the generic C path)."""
+    lib = _library(defines)
+    if lib is None:
+        raise RuntimeError("the CPU w4 kernel is not available on this machine")
+    x = x.to(torch.bfloat16).contiguous()
+    m, k = x.shape
+    tiles, groups = sb.shape[0], sb.shape[1]
+    if packed.shape[1] * 2 != k:
+        raise ValueError(f"x has {k} columns, the weight {packed.shape[1] * 2}")
+    y = torch.empty(m, tiles * TILE, dtype=torch.bfloat16)
+    if m and lib.w4_gemm_bf16(x.data_ptr(), packed.data_ptr(), sb.data_ptr(), y.data_ptr(),
+                              m, k, tiles * TILE, k // groups, torch.get_num_threads()):
+        raise MemoryError("the CPU w4 kernel could not allocate its scratch memory")
+    return y
+
+
+def pack_w8(codes: torch.Tensor) -> torch.Tensor:
+    """int8 codes `[N, K]` (N % 16 == 0, K even) in the kernel's tiles `[N/16, K/2, 2, 16]`."""
+    n, k = codes.shape
+    return codes.reshape(n // TILE, TILE, k // 2, 2).permute(0, 2, 3, 1).contiguous()
+
+
+def matmul_w8(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
+              defines: tuple[str, ...] = ()) -> torch.Tensor:
+    """`(x @ codes.T) * scales` for bf16 `x` `[M, K]` and float32 `scales` `[N]`."""
+    lib = _library(defines)
+    if lib is None:
+        raise RuntimeError("the CPU w8 kernel is not available on this machine")
+    x = x.to(torch.bfloat16).contiguous()
+    m, k = x.shape
+    tiles = packed.shape[0]
+    if packed.shape[1] * 2 != k:
+        raise ValueError(f"x has {k} columns, the weight {packed.shape[1] * 2}")
+    y = torch.empty(m, tiles * TILE, dtype=torch.bfloat16)
+    if m and lib.w8_gemm_bf16(x.data_ptr(), packed.data_ptr(), scales.data_ptr(), y.data_ptr(),
+                              m, k, tiles * TILE, torch.get_num_threads()):
+        raise MemoryError("the CPU w8 kernel could not allocate its scratch memory")
+    return y

@@ -1,0 +1,76 @@
+"""The C decode-attention kernel (`localpaged.kernels.attention_cpu`), against plain float32
+attention over each request's context read out of its blocks, and the dispatch to it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from localpaged.kernels import attention_cpu
+from localpaged.kernels.attention import AttentionMetadata, paged_attention
+
+pytestmark = pytest.mark.skipif(attention_cpu._library() is None,
+                                reason="the CPU kernel does not build here")
+
+
+def _batch(g: torch.Generator, lens: list[int], heads: int, kv_heads: int, dim: int, bs: int):
+    """Random bf16 caches, block tables over shuffled blocks, and a decode query per request."""
+    n_blocks = sum(-(-n // bs) for n in lens) + 3
+    k_cache = torch.randn(n_blocks, bs, kv_heads, dim, generator=g).to(torch.bfloat16)
+    v_cache = torch.randn(n_blocks, bs, kv_heads, dim, generator=g).to(torch.bfloat16)
+    order = torch.randperm(n_blocks, generator=g).tolist()
+    width = max(-(-n // bs) for n in lens) + 1  # padded past every request's blocks
+    tables = torch.zeros(len(lens), width, dtype=torch.int32)
+    for i, n in enumerate(lens):
+        for j in range(-(-n // bs)):
+            tables[i, j] = order.pop()
+    q = torch.randn(len(lens), heads, dim, generator=g).to(torch.bfloat16)
+    return q, k_cache, v_cache, tables, torch.tensor(lens, dtype=torch.int32)
+
+
+def _reference(q, k_cache, v_cache, tables, lens, scale) -> torch.Tensor:
+    bs, rep = k_cache.shape[1], q.shape[1] // k_cache.shape[2]
+    out = []
+    for i, n in enumerate(lens.tolist()):
+        blocks = tables[i, :-(-n // bs)].long()
+        k = k_cache[blocks].flatten(0, 1)[:n].float().repeat_interleave(rep, 1)
+        v = v_cache[blocks].flatten(0, 1)[:n].float().repeat_interleave(rep, 1)
+        w = torch.einsum("hd,lhd->hl", q[i].float(), k) * scale
+        out.append(torch.einsum("hl,lhd->hd", w.softmax(-1), v))
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "dim", "bs"),
+                         [(9, 3, 64, 16), (4, 4, 32, 8), (8, 1, 128, 16)])
+@pytest.mark.parametrize("lens", [[1], [37], [1, 16, 17, 200, 5]])
+def test_decode_kernel_equals_plain_attention(heads, kv_heads, dim, bs, lens) -> None:
+    g = torch.Generator().manual_seed(sum(lens) + dim)
+    q, k_cache, v_cache, tables, seq_lens = _batch(g, lens, heads, kv_heads, dim, bs)
+    got = attention_cpu.paged_decode_attention_cpu(q, k_cache, v_cache, tables, seq_lens,
+                                                   dim**-0.5)
+    ref = _reference(q, k_cache, v_cache, tables, seq_lens, dim**-0.5)
+    torch.testing.assert_close(got.float(), ref, rtol=2e-2, atol=1e-2)  # bf16 output
+
+
+def test_paged_attention_takes_the_kernel_for_bf16_decode_steps_only(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    g = torch.Generator().manual_seed(0)
+    q, k_cache, v_cache, tables, seq_lens = _batch(g, [5, 20], 6, 2, 32, 16)
+
+    def meta() -> AttentionMetadata:
+        return AttentionMetadata(
+            slot_mapping=torch.zeros(2, dtype=torch.long), block_tables=tables,
+            seq_lens=seq_lens, query_start_loc=torch.tensor([0, 1, 2], dtype=torch.int32),
+            max_query_len=1, max_seq_len=20)
+
+    step = meta()
+    out = paged_attention(q, k_cache, v_cache, step, 32**-0.5)
+    assert step.derived["attn.cpu_kernel"] is True
+    step = meta()
+    as_float = paged_attention(q.float(), k_cache.float(), v_cache.float(), step, 32**-0.5)
+    assert step.derived["attn.cpu_kernel"] is False  # float32: the torch path
+    torch.testing.assert_close(out.float(), as_float, rtol=2e-2, atol=1e-2)
+    monkeypatch.setenv("LOCALPAGED_CPU_KERNELS", "off")
+    step = meta()
+    paged_attention(q, k_cache, v_cache, step, 32**-0.5)
+    assert step.derived["attn.cpu_kernel"] is False

@@ -1,0 +1,107 @@
+"""The package's C kernel for 4-bit weights on the CPU (`localpaged.quant.cpu_w4`), against
+a float32 matmul of the dequantized weight, for every instruction set it builds for here, and
+the build machinery around it (`localpaged.kernels.native`)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from localpaged.kernels import native
+from localpaged.quant import cpu_w4
+from localpaged.quant.layout import from_codes
+
+pytestmark = pytest.mark.skipif(not cpu_w4.available(), reason="the CPU kernel does not build here")
+
+# The builds this machine can run: the best one for this CPU, then with each faster path
+# switched off (AMX, then AVX512-BF16: the portable C loops every CPU runs).
+BUILDS = {"native": (), "no-amx": ("LOCALPAGED_NO_AMX",), "generic": ("LOCALPAGED_GENERIC",)}
+
+
+def _weight(k: int, n: int, group: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 16, (k, n), generator=g, dtype=torch.int32)
+    scales = torch.rand(k // group, n, generator=g) * 0.02 + 0.005
+    zeros = torch.rand(k // group, n, generator=g) * 15  # GGUF Q4_1: float offsets
+    return from_codes(codes, scales, zeros, group)
+
+
+def test_pack_then_dequantize_gives_back_the_weight() -> None:
+    w = _weight(96, 48, 32, 0)
+    packed, sb = cpu_w4.pack(w)
+    assert packed.shape == (3, 48, 16) and sb.shape == (3, 3, 2, 16)
+    ref = w.dequantize(torch.float32)
+    got = cpu_w4.dequantize(packed, sb)
+    # exact up to the bf16 rounding of the scales and offsets
+    assert (got - ref).abs().max() <= 2**-7 * ref.abs().max()
+
+
+@pytest.mark.parametrize("build", list(BUILDS))
+@pytest.mark.parametrize("rows", [1, 2, 7, 8, 9, 16, 17, 40])
+@pytest.mark.parametrize(("k", "n", "group"), [(64, 32, 32), (256, 80, 64), (128, 48, 128)])
+def test_matmul_equals_the_dequantized_weight(build: str, rows: int, k: int, n: int, group: int) -> None:
+    w = _weight(k, n, group, rows)
+    packed, sb = cpu_w4.pack(w)
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(k + rows)).to(torch.bfloat16)
+    got = cpu_w4.matmul(x, packed, sb, BUILDS[build]).float()
+    ref = x.float() @ cpu_w4.dequantize(packed, sb).t()
+    # bf16 output (and, with AMX, the weight rounded to bf16 as a dense copy would be)
+    assert (got - ref).abs().max() <= 2**-6 * ref.abs().max()
+
+
+def test_matmul_checks_the_input_width() -> None:
+    packed, sb = cpu_w4.pack(_weight(64, 32, 32, 1))
+    with pytest.raises(ValueError, match="64"):
+        cpu_w4.matmul(torch.zeros(2, 32, dtype=torch.bfloat16), packed, sb)
+
+
+def test_a_build_is_cached_and_a_missing_compiler_falls_back_with_a_message(
+        tmp_path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("LOCALPAGED_KERNEL_CACHE", str(tmp_path))
+    first = native.build("quant_gemm", ("LOCALPAGED_GENERIC",))
+    stamp = first.stat().st_mtime_ns
+    assert native.build("quant_gemm", ("LOCALPAGED_GENERIC",)) == first
+    assert first.stat().st_mtime_ns == stamp  # not compiled again
+    assert list(tmp_path.iterdir()) == [first]  # no temporary files left behind
+
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    monkeypatch.setattr(native, "_loaded", {})
+    assert native.load("quant_gemm", ("SOMETHING_NEW",)) is None
+    assert "no C compiler" in capsys.readouterr().err
+    monkeypatch.setenv("LOCALPAGED_CPU_KERNELS", "off")
+    assert not cpu_w4.available()
+
+
+def test_a_compiler_error_is_reported(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LOCALPAGED_KERNEL_CACHE", str(tmp_path))
+    with pytest.raises(RuntimeError, match="could not compile"):
+        native.build("quant_gemm", ("memcpy=(",))  # breaks the source
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("rows", [1, 5, 33])
+def test_quant_linear_on_the_kernel_agrees_with_torchs_int4_op(
+        rows: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    from localpaged.quant.linear import QuantLinear
+
+    w = _weight(128, 64, 32, 7)
+    own = QuantLinear.from_int4(w, None, torch.bfloat16, "cpu")
+    own.keep_single_row_op(False)  # the own kernel for every row count
+    monkeypatch.setenv("LOCALPAGED_CPU_KERNELS", "off")
+    plain = QuantLinear.from_int4(w, None, torch.bfloat16, "cpu")
+    assert own.w4_packed is not None and plain.w4_packed is None
+    x = torch.randn(rows, 128, generator=torch.Generator().manual_seed(rows)).to(torch.bfloat16)
+    a, b = own(x).float(), plain(x).float()
+    assert (a - b).abs().max() <= 2**-6 * b.abs().max()
+
+
+@pytest.mark.parametrize("build", list(BUILDS))
+@pytest.mark.parametrize("rows", [1, 5, 16, 33])
+def test_w8_matmul_equals_the_int8_product(build: str, rows: int) -> None:
+    g = torch.Generator().manual_seed(rows)
+    codes = torch.randint(-127, 128, (96, 64), generator=g, dtype=torch.int8)
+    scales = torch.rand(96, generator=g) * 0.01
+    x = torch.randn(rows, 64, generator=g).to(torch.bfloat16)
+    got = cpu_w4.matmul_w8(x, cpu_w4.pack_w8(codes), scales, BUILDS[build]).float()
+    ref = (x.float() @ codes.float().t()) * scales
+    assert (got - ref).abs().max() <= 2**-7 * ref.abs().max()
