@@ -8,6 +8,8 @@ Sliding-window attention (Mistral v0.1, Qwen2 with use_sliding_window) is not ap
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -193,6 +195,9 @@ class LlamaForCausalLM(nn.Module):
         self.tie_weights()
         rope_device = "cpu" if torch.device(device).type == "meta" else device
         self.register_buffer("cos_sin", build_cos_sin(config, rope_device), persistent=False)
+        # Decode steps through one native call per layer (CPU, 4-bit; set by
+        # localpaged.model.optimize when every layer qualifies).
+        self.cpu_decode: Any = None
 
     def fuse_projections(self) -> None:
         """Join q/k/v and gate/up into one matmul each, for inference. Loading by HF names
@@ -223,8 +228,14 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:
         h = self.model.embed_tokens(input_ids)
         residual = None
-        for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
-            h, residual = layer(h, residual, positions, self.cos_sin, kv_cache, meta)
+        done = None
+        if self.cpu_decode is not None and meta.is_decode_only:
+            done = self.cpu_decode.run(h, positions, self.cos_sin, kv_caches, meta)
+        if done is not None:
+            h, residual = done
+        else:
+            for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
+                h, residual = layer(h, residual, positions, self.cos_sin, kv_cache, meta)
         h, _ = self.model.norm(h, residual)
         return h
 

@@ -27,7 +27,7 @@ def optimize_for_inference(model: nn.Module, device: torch.device) -> dict[str, 
     as counts, for logs and the engine's stats."""
     model.fuse_projections()
     done = {"dense_copies": 0, "dense_copy_bytes": 0, "int8_lm_head": 0, "int8_lm_head_bytes": 0,
-            "single_row_copies": 0, "single_row_bytes": 0}
+            "single_row_copies": 0, "single_row_bytes": 0, "native_decode": 0}
     if device.type != "cpu" or model.dtype not in (torch.bfloat16, torch.float16):
         return done
     from localpaged.quant.int8_linear import Int8Linear
@@ -37,14 +37,20 @@ def optimize_for_inference(model: nn.Module, device: torch.device) -> dict[str, 
     if not quantized:
         return done  # a 16-bit checkpoint stays as it is: nothing to trade
     budget = DENSE_COPY_LIMIT_GB * 2**30
-    # Layers on the own kernel: torch's int4 op is a little faster for one row (a lone chat's
-    # decode step), so its packing stays beside it while that is cheap.
+    from localpaged.kernels.decode_layer import CpuDecodePlan
+
+    model.cpu_decode = CpuDecodePlan.build(model)
+    done["native_decode"] = int(model.cpu_decode is not None)
+    # Layers on the own kernel: torch's int4 op is a little faster for one row, so without the
+    # native decode path (a lone chat's decode steps run the torch layers) its packing stays
+    # beside it while that is cheap.
     own = [m for m in quantized if m.w4_packed is not None]
     torch_bytes = sum(m.cpu_packed.numel() + m.cpu_scale_zeros.numel() * m.cpu_scale_zeros.itemsize
                       for m in own if m.cpu_packed is not None)
+    keep = model.cpu_decode is None and torch_bytes <= budget
     for m in own:
-        m.keep_single_row_op(torch_bytes <= budget)
-    if torch_bytes <= budget:
+        m.keep_single_row_op(keep)
+    if keep:
         kept = sum(m.cpu_packed is not None for m in own)
         done.update(single_row_copies=kept, single_row_bytes=torch_bytes if kept else 0)
     # Layers on torch's int4 op alone: a dense copy for wide batches, which that op is slow at.
@@ -73,6 +79,8 @@ def describe(done: dict[str, int]) -> str | None:
     if done["single_row_copies"]:
         parts.append(f"torch's int4 packing of {done['single_row_copies']} 4-bit layers for "
                      f"one-row steps (+{done['single_row_bytes'] / 2**20:.0f} MiB)")
+    if done["native_decode"]:
+        parts.append("decode steps through the native layer kernel")
     if done["int8_lm_head"]:
         parts.append(f"an int8 lm_head for decode (+{done['int8_lm_head_bytes'] / 2**20:.0f} MiB)")
     return "; ".join(parts) or None

@@ -1,0 +1,126 @@
+"""Decode steps of a 4-bit Llama-family model on the CPU through one C call per layer
+(`cpu/decode_layer.c`): norms, 4-bit matmuls, rotary, KV write, paged attention and the MLP,
+with no torch op in between. For a small model the some sixty torch ops of a layer cost more
+than its matmuls; this path leaves the matmuls and little else.
+
+`CpuDecodePlan.build(model)` returns a plan when every layer qualifies (bf16, fused q/k/v and
+gate/up on the own 4-bit kernel, no act-order); the model runs decode-only steps through
+`plan.run` and everything else (prefill, mixed steps) through its modules.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+import torch
+
+from localpaged.kernels import native
+from localpaged.kernels.attention import AttentionMetadata
+from localpaged.kernels.attention_cpu import MAX_HEAD_DIM, MAX_QUERY_HEADS_PER_KV_HEAD
+
+LIBRARY = "decode_layer"
+
+
+class _W4(ctypes.Structure):
+    _fields_ = [("packed", ctypes.c_void_p), ("sb", ctypes.c_void_p), ("bias", ctypes.c_void_p),
+                ("k", ctypes.c_int), ("n", ctypes.c_int), ("group_size", ctypes.c_int)]
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [("input_norm", ctypes.c_void_p), ("post_norm", ctypes.c_void_p),
+                ("qkv", _W4), ("o", _W4), ("gate_up", _W4), ("down", _W4),
+                ("k_cache", ctypes.c_void_p), ("v_cache", ctypes.c_void_p)]
+
+
+class _Step(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_int) for name in (
+        "batch", "hidden", "heads", "kv_heads", "head_dim", "intermediate", "block_size",
+        "table_stride", "threads")] + [
+        ("eps", ctypes.c_float), ("scale", ctypes.c_float), ("slots", ctypes.c_void_p),
+        ("tables", ctypes.c_void_p), ("seq_lens", ctypes.c_void_p), ("cos_sin", ctypes.c_void_p)]
+
+
+def _library() -> ctypes.CDLL | None:
+    lib = native.load(LIBRARY)
+    if lib is not None and not getattr(lib, "_typed", False):
+        lib.decode_layer_bf16.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                          ctypes.c_void_p, ctypes.c_int]
+        lib.decode_layer_bf16.restype = ctypes.c_int
+        lib._typed = True
+    return lib
+
+
+def _w4(linear: Any) -> _W4 | None:
+    """The C view of a QuantLinear on the own kernel, or None if it is not one."""
+    if getattr(linear, "w4_packed", None) is None or linear.perm is not None:
+        return None
+    bias = linear.bias
+    if bias is not None and bias.dtype != torch.bfloat16:
+        return None
+    k = linear.in_features
+    return _W4(linear.w4_packed.data_ptr(), linear.w4_sb.data_ptr(),
+               bias.data_ptr() if bias is not None else None, k, linear.out_features,
+               k // linear.w4_sb.shape[1])
+
+
+class CpuDecodePlan:
+    """The C structs of a model's layers, built once; `run` does a decode step's layers."""
+
+    def __init__(self, model: Any, layers: list[_Layer]) -> None:
+        c = model.config
+        self.layers = layers
+        self.model = model  # keeps the weights the structs point into alive
+        self.shape = dict(hidden=c.hidden_size, heads=c.num_heads, kv_heads=c.num_kv_heads,
+                          head_dim=c.head_dim, intermediate=c.intermediate_size)
+        self.eps, self.scale = c.rms_norm_eps, c.head_dim**-0.5
+        self.fn = _library().decode_layer_bf16
+
+    @classmethod
+    def build(cls, model: Any) -> CpuDecodePlan | None:
+        """A plan for `model` (a localpaged Llama model on the CPU), or None if any layer
+        does not qualify or the kernel does not build here."""
+        c = model.config
+        if (model.dtype != torch.bfloat16 or c.head_dim > MAX_HEAD_DIM or c.head_dim % 2
+                or c.num_heads % c.num_kv_heads
+                or c.num_heads // c.num_kv_heads > MAX_QUERY_HEADS_PER_KV_HEAD
+                or not native.enabled() or _library() is None):
+            return None
+        layers = []
+        for layer in model.model.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            if attn.qkv_proj is None or mlp.gate_up_proj is None:
+                return None
+            views = [_w4(m) for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)]
+            if any(v is None for v in views):
+                return None
+            norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
+            if any(w.dtype != torch.bfloat16 or not w.is_contiguous() for w in norms):
+                return None
+            layers.append(_Layer(norms[0].data_ptr(), norms[1].data_ptr(), *views, None, None))
+        return cls(model, layers)
+
+    def run(self, hidden: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
+            kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata,
+            ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(output, residual) of the last layer for a decode-only step, or None when the
+        caches are not in the form the kernel reads (bf16, contiguous)."""
+        k0 = kv_caches[0][0]
+        if k0.dtype != torch.bfloat16 or not k0.is_contiguous() or hidden.device.type != "cpu":
+            return None
+        x = hidden.to(torch.bfloat16).contiguous().clone()
+        residual = torch.empty_like(x)
+        rows = cos_sin.index_select(0, positions).float().contiguous()
+        tables = meta.block_tables.to(torch.int32).contiguous()
+        lens = meta.seq_lens.to(torch.int32).contiguous()
+        slots = meta.slot_mapping.to(torch.int64).contiguous()
+        step = _Step(batch=x.shape[0], block_size=k0.shape[1], table_stride=tables.shape[1],
+                     threads=torch.get_num_threads(), eps=self.eps, scale=self.scale,
+                     slots=slots.data_ptr(), tables=tables.data_ptr(), seq_lens=lens.data_ptr(),
+                     cos_sin=rows.data_ptr(), **self.shape)
+        step_ref, x_ptr, r_ptr = ctypes.byref(step), x.data_ptr(), residual.data_ptr()
+        for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches, strict=True)):
+            layer.k_cache, layer.v_cache = k_cache.data_ptr(), v_cache.data_ptr()
+            if self.fn(step_ref, ctypes.byref(layer), x_ptr, r_ptr, int(i == 0)):
+                raise MemoryError("the CPU decode kernel could not allocate its scratch memory")
+        return x, residual
