@@ -36,11 +36,13 @@ struct decode_step {
 
 /* residual = x (+ residual); out = weight * bf16(residual * rsqrt(mean(residual^2) + eps)) */
 static void add_rms_norm(const uint16_t *x, uint16_t *residual, int add, const uint16_t *weight,
-                         uint16_t *out, int rows, int dim, float eps) {
+                         uint16_t *out, int rows, int dim, float eps, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static) if (rows >= 4)
     for (int m = 0; m < rows; m++) {
         uint16_t *r = residual + (size_t)m * dim;
         const uint16_t *xm = x + (size_t)m * dim;
         float sq = 0.f;
+#pragma omp simd reduction(+ : sq)
         for (int d = 0; d < dim; d++) {
             float v = bf16_to_f32(xm[d]);
             if (add) v = bf16_to_f32(f32_to_bf16(v + bf16_to_f32(r[d])));
@@ -49,9 +51,27 @@ static void add_rms_norm(const uint16_t *x, uint16_t *residual, int add, const u
         }
         const float inv = 1.f / sqrtf(sq / dim + eps);
         uint16_t *o = out + (size_t)m * dim;
+#pragma omp simd
         for (int d = 0; d < dim; d++) {
             const float normed = bf16_to_f32(f32_to_bf16(bf16_to_f32(r[d]) * inv));
             o[d] = f32_to_bf16(bf16_to_f32(weight[d]) * normed);
+        }
+    }
+}
+
+/* out = bf16(silu(gate)) * up, for rows of [gate | up]; silu through exp of -|g| only. */
+static void silu_and_mul(const uint16_t *gate_up, uint16_t *out, int rows, int inter,
+                         int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static) if (rows >= 4)
+    for (int m = 0; m < rows; m++) {
+        const uint16_t *gm = gate_up + (size_t)m * 2 * inter;
+        uint16_t *om = out + (size_t)m * inter;
+#pragma omp simd
+        for (int j = 0; j < inter; j++) {
+            const float g = bf16_to_f32(gm[j]), u = bf16_to_f32(gm[inter + j]);
+            const float e = exp_nonpositive(g < 0.f ? g : -g);
+            const float sigmoid = g < 0.f ? e / (1.f + e) : 1.f / (1.f + e);
+            om[j] = f32_to_bf16(bf16_to_f32(f32_to_bf16(g * sigmoid)) * u);
         }
     }
 }
@@ -97,7 +117,7 @@ int decode_layer_bf16(const struct decode_step *s, const struct decode_layer *l,
     int rc = -1;
     if (normed == NULL || wide == NULL || narrow == NULL || q == NULL) goto done;
 
-    add_rms_norm(x, residual, !first, l->input_norm, normed, b, s->hidden, s->eps);
+    add_rms_norm(x, residual, !first, l->input_norm, normed, b, s->hidden, s->eps, s->threads);
     if ((rc = linear(&l->qkv, normed, wide, b, s->threads))) goto done;
     const size_t row = (size_t)s->kv_heads * hd; /* one cache slot */
     for (int m = 0; m < b; m++) {
@@ -115,16 +135,9 @@ int decode_layer_bf16(const struct decode_step *s, const struct decode_layer *l,
         goto done;
     if ((rc = linear(&l->o, narrow, x, b, s->threads))) goto done;
 
-    add_rms_norm(x, residual, 1, l->post_norm, normed, b, s->hidden, s->eps);
+    add_rms_norm(x, residual, 1, l->post_norm, normed, b, s->hidden, s->eps, s->threads);
     if ((rc = linear(&l->gate_up, normed, wide, b, s->threads))) goto done;
-    const int inter = s->intermediate;
-    for (int m = 0; m < b; m++)
-        for (int j = 0; j < inter; j++) {
-            const float g = bf16_to_f32(wide[(size_t)m * 2 * inter + j]);
-            const float u = bf16_to_f32(wide[(size_t)m * 2 * inter + inter + j]);
-            const float act = bf16_to_f32(f32_to_bf16(g / (1.f + expf(-g))));
-            narrow[(size_t)m * inter + j] = f32_to_bf16(act * u);
-        }
+    silu_and_mul(wide, narrow, b, s->intermediate, s->threads);
     rc = linear(&l->down, narrow, x, b, s->threads);
 done:
     free(normed);
