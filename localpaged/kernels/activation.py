@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from localpaged.kernels import elementwise_cpu
 from localpaged.kernels._triton import jit, next_pow2, require_triton, tl
 from localpaged.kernels.backend import use_triton
 
@@ -50,4 +51,6 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up for x = cat(gate, up) along the last dim."""
     if use_triton(x):
         return silu_and_mul_triton(x)
+    if x.dtype == torch.bfloat16 and elementwise_cpu.supports(x):
+        return elementwise_cpu.silu_and_mul_cpu(x)
     return silu_and_mul_torch(x)

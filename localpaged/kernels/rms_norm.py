@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from localpaged.kernels import elementwise_cpu
 from localpaged.kernels._triton import jit, next_pow2, require_triton, tl
 from localpaged.kernels.backend import use_triton
 
@@ -83,4 +84,6 @@ def rms_norm(
     """(rmsnorm(x + residual) * weight, x + residual); residual may be None."""
     if use_triton(x):
         return rms_norm_triton(x, weight, eps, residual)
+    if x.dtype == torch.bfloat16 and elementwise_cpu.supports(x):
+        return elementwise_cpu.rms_norm_cpu(x, weight, eps, residual)
     return rms_norm_torch(x, weight, eps, residual)

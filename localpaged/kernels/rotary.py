@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from localpaged.kernels import elementwise_cpu
 from localpaged.kernels._triton import jit, next_pow2, require_triton, tl
 from localpaged.kernels.backend import use_triton
 
@@ -108,7 +109,10 @@ def apply_rotary(
     cache: dict | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate q [T, Hq, D] and k [T, Hkv, D] by their token positions. Returns (q, k); the
-    Triton path rotates in place and returns the same tensors. `cache`: see the torch path."""
+    Triton and native CPU paths rotate in place and return the same tensors. `cache`: see the
+    torch path."""
     if use_triton(q):
         return apply_rotary_triton(q, k, positions, cos_sin)
+    if q.dtype == torch.bfloat16 and elementwise_cpu.rotary_supports(q, k, cos_sin):
+        return elementwise_cpu.apply_rotary_cpu(q, k, positions, cos_sin, cache)
     return apply_rotary_torch(q, k, positions, cos_sin, cache)

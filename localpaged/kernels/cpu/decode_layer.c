@@ -34,18 +34,21 @@ struct decode_step {
     const float *cos_sin;   /* [batch][head_dim]: cos of each rotary pair, then sin */
 };
 
-/* residual = x (+ residual); out = weight * bf16(residual * rsqrt(mean(residual^2) + eps)) */
-static void add_rms_norm(const uint16_t *x, uint16_t *residual, int add, const uint16_t *weight,
-                         uint16_t *out, int rows, int dim, float eps, int threads) {
+/* res_out = x (+ res_in, unless NULL); out = weight * bf16(res_out * rsqrt(mean(res_out^2) + eps)).
+ * res_out may be res_in (in place). */
+static void add_rms_norm(const uint16_t *x, const uint16_t *res_in, uint16_t *res_out,
+                         const uint16_t *weight, uint16_t *out, int rows, int dim, float eps,
+                         int threads) {
 #pragma omp parallel for num_threads(threads) schedule(static) if (rows >= 4)
     for (int m = 0; m < rows; m++) {
-        uint16_t *r = residual + (size_t)m * dim;
+        uint16_t *r = res_out + (size_t)m * dim;
         const uint16_t *xm = x + (size_t)m * dim;
+        const uint16_t *rin = res_in != NULL ? res_in + (size_t)m * dim : NULL;
         float sq = 0.f;
 #pragma omp simd reduction(+ : sq)
         for (int d = 0; d < dim; d++) {
             float v = bf16_to_f32(xm[d]);
-            if (add) v = bf16_to_f32(f32_to_bf16(v + bf16_to_f32(r[d])));
+            if (rin != NULL) v = bf16_to_f32(f32_to_bf16(v + bf16_to_f32(rin[d])));
             r[d] = f32_to_bf16(v);
             sq += v * v;
         }
@@ -117,7 +120,8 @@ int decode_layer_bf16(const struct decode_step *s, const struct decode_layer *l,
     int rc = -1;
     if (normed == NULL || wide == NULL || narrow == NULL || q == NULL) goto done;
 
-    add_rms_norm(x, residual, !first, l->input_norm, normed, b, s->hidden, s->eps, s->threads);
+    add_rms_norm(x, first ? NULL : residual, residual, l->input_norm, normed, b, s->hidden, s->eps,
+                 s->threads);
     if ((rc = linear(&l->qkv, normed, wide, b, s->threads))) goto done;
     const size_t row = (size_t)s->kv_heads * hd; /* one cache slot */
     for (int m = 0; m < b; m++) {
@@ -135,7 +139,7 @@ int decode_layer_bf16(const struct decode_step *s, const struct decode_layer *l,
         goto done;
     if ((rc = linear(&l->o, narrow, x, b, s->threads))) goto done;
 
-    add_rms_norm(x, residual, 1, l->post_norm, normed, b, s->hidden, s->eps, s->threads);
+    add_rms_norm(x, residual, residual, l->post_norm, normed, b, s->hidden, s->eps, s->threads);
     if ((rc = linear(&l->gate_up, normed, wide, b, s->threads))) goto done;
     silu_and_mul(wide, narrow, b, s->intermediate, s->threads);
     rc = linear(&l->down, narrow, x, b, s->threads);
@@ -145,4 +149,27 @@ done:
     free(narrow);
     free(q);
     return rc;
+}
+
+/* The layer's elementwise ops on their own, for the torch layers (prefill steps) on bf16. */
+void rms_norm_rows_bf16(const uint16_t *x, const uint16_t *res_in, uint16_t *res_out,
+                        const uint16_t *weight, uint16_t *out, int rows, int dim, float eps,
+                        int threads) {
+    add_rms_norm(x, res_in, res_out, weight, out, rows, dim, eps, threads);
+}
+
+void silu_and_mul_rows_bf16(const uint16_t *gate_up, uint16_t *out, int rows, int inter,
+                            int threads) {
+    silu_and_mul(gate_up, out, rows, inter, threads);
+}
+
+/* Rotate, in place, `rows` tokens' q heads and k heads (rows `q_stride` / `k_stride` elements
+ * apart, heads contiguous within a row); cos_sin: [rows][dim] float32. */
+void rotary_rows_bf16(uint16_t *q, long q_stride, int q_heads, uint16_t *k, long k_stride,
+                      int k_heads, int dim, const float *cos_sin, int rows, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static) if (rows >= 16)
+    for (int m = 0; m < rows; m++) {
+        rotate(q + (size_t)m * q_stride, q_heads, dim, cos_sin + (size_t)m * dim);
+        rotate(k + (size_t)m * k_stride, k_heads, dim, cos_sin + (size_t)m * dim);
+    }
 }
