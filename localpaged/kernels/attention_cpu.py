@@ -10,19 +10,12 @@ import torch
 
 from localpaged.kernels import native
 
-LIBRARY = "paged_decode"
 MAX_QUERY_HEADS_PER_KV_HEAD, MAX_HEAD_DIM = 16, 256  # the kernel's scratch sizes
 
 
 def _library() -> ctypes.CDLL | None:
-    lib = native.load(LIBRARY)
-    if lib is not None and not getattr(lib, "_typed", False):
-        lib.paged_decode_bf16.argtypes = (
-            [ctypes.c_void_p] * 4 + [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
-            + [ctypes.c_int] * 5 + [ctypes.c_float, ctypes.c_int])
-        lib.paged_decode_bf16.restype = ctypes.c_int
-        lib._typed = True
-    return lib
+    return native.load(native.ALL)
+
 
 
 def supports(query: torch.Tensor, k_cache: torch.Tensor) -> bool:

@@ -19,8 +19,6 @@ from localpaged.kernels import native
 from localpaged.kernels.attention import AttentionMetadata
 from localpaged.kernels.attention_cpu import MAX_HEAD_DIM, MAX_QUERY_HEADS_PER_KV_HEAD
 
-LIBRARY = "decode_layer"
-
 
 class _W4(ctypes.Structure):
     _fields_ = [("packed", ctypes.c_void_p), ("sb", ctypes.c_void_p), ("bias", ctypes.c_void_p),
@@ -42,13 +40,8 @@ class _Step(ctypes.Structure):
 
 
 def _library() -> ctypes.CDLL | None:
-    lib = native.load(LIBRARY)
-    if lib is not None and not getattr(lib, "_typed", False):
-        lib.decode_layer_bf16.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                                          ctypes.c_void_p, ctypes.c_int]
-        lib.decode_layer_bf16.restype = ctypes.c_int
-        lib._typed = True
-    return lib
+    return native.load(native.ALL)
+
 
 
 def _w4(linear: Any) -> _W4 | None:

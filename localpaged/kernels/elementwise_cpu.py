@@ -10,23 +10,10 @@ import torch
 
 from localpaged.kernels import native
 
-LIBRARY = "decode_layer"
-
 
 def _library() -> ctypes.CDLL | None:
-    lib = native.load(LIBRARY)
-    if lib is not None and not getattr(lib, "_elementwise_typed", False):
-        lib.rms_norm_rows_bf16.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 2 + [
-            ctypes.c_float, ctypes.c_int]
-        lib.rms_norm_rows_bf16.restype = None
-        lib.silu_and_mul_rows_bf16.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int] * 3
-        lib.silu_and_mul_rows_bf16.restype = None
-        lib.rotary_rows_bf16.argtypes = [
-            ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_void_p, ctypes.c_long,
-            ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
-        lib.rotary_rows_bf16.restype = None
-        lib._elementwise_typed = True
-    return lib
+    return native.load(native.ALL)
+
 
 
 def supports(x: torch.Tensor) -> bool:

@@ -22,11 +22,25 @@ import tempfile
 from pathlib import Path
 
 SOURCES = Path(__file__).parent / "cpu"
+ALL = "all"  # the library of every kernel: cpu/all.c includes the others
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
 # GCC vectorizes loops 256 bits wide on x86 unless told that 512 is fine.
 X86_FLAGS = ("-mprefer-vector-width=512",)
 
 _loaded: dict[tuple[str, tuple[str, ...]], ctypes.CDLL | None] = {}
+
+_P, _I, _L, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_float
+# The C signatures of the library's entry points (see each kernel's source).
+SIGNATURES: dict[str, tuple[list[type], type | None]] = {
+    "w4_gemm_isa": ([], _I),
+    "w4_gemm_bf16": ([_P] * 4 + [_I] * 5, _I),
+    "w8_gemm_bf16": ([_P] * 4 + [_I] * 4, _I),
+    "paged_decode_bf16": ([_P] * 4 + [_I, _P, _P] + [_I] * 5 + [_F, _I], _I),
+    "decode_layer_bf16": ([_P] * 4 + [_I], _I),
+    "rms_norm_rows_bf16": ([_P] * 5 + [_I] * 2 + [_F, _I], None),
+    "silu_and_mul_rows_bf16": ([_P] * 2 + [_I] * 3, None),
+    "rotary_rows_bf16": ([_P, _L, _I, _P, _L, _I, _I, _P, _I, _I], None),
+}
 
 
 def cache_dir() -> Path:
@@ -100,6 +114,9 @@ def load(name: str, defines: tuple[str, ...] = ()) -> ctypes.CDLL | None:
             import torch  # noqa: F401  (loads the libgomp the kernels must share)
 
             lib = ctypes.CDLL(str(build(name, defines)))
+            for fn, (args, result) in SIGNATURES.items():
+                if hasattr(lib, fn):
+                    getattr(lib, fn).argtypes, getattr(lib, fn).restype = args, result
         except (RuntimeError, OSError) as e:
             print(f"localpaged: CPU kernel {name!r} unavailable, using torch's slower ops: {e}",
                   file=sys.stderr)

@@ -18,19 +18,11 @@ from localpaged.kernels import native
 from localpaged.quant.layout import Int4Weight
 
 TILE = 16
-LIBRARY = "quant_gemm"
 
 
 def _library(defines: tuple[str, ...] = ()) -> ctypes.CDLL | None:
-    lib = native.load(LIBRARY, defines)
-    if lib is not None and not getattr(lib, "_typed", False):
-        lib.w4_gemm_bf16.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 5
-        lib.w4_gemm_bf16.restype = ctypes.c_int
-        lib.w8_gemm_bf16.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4
-        lib.w8_gemm_bf16.restype = ctypes.c_int
-        lib.w4_gemm_isa.restype = ctypes.c_int
-        lib._typed = True
-    return lib
+    return native.load(native.ALL, defines)
+
 
 
 def available() -> bool:

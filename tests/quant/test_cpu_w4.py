@@ -58,15 +58,15 @@ def test_matmul_checks_the_input_width() -> None:
 def test_a_build_is_cached_and_a_missing_compiler_falls_back_with_a_message(
         tmp_path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("LOCALPAGED_KERNEL_CACHE", str(tmp_path))
-    first = native.build("quant_gemm", ("LOCALPAGED_GENERIC",))
+    first = native.build(native.ALL, ("LOCALPAGED_GENERIC",))
     stamp = first.stat().st_mtime_ns
-    assert native.build("quant_gemm", ("LOCALPAGED_GENERIC",)) == first
+    assert native.build(native.ALL, ("LOCALPAGED_GENERIC",)) == first
     assert first.stat().st_mtime_ns == stamp  # not compiled again
     assert list(tmp_path.iterdir()) == [first]  # no temporary files left behind
 
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
     monkeypatch.setattr(native, "_loaded", {})
-    assert native.load("quant_gemm", ("SOMETHING_NEW",)) is None
+    assert native.load(native.ALL, ("SOMETHING_NEW",)) is None
     assert "no C compiler" in capsys.readouterr().err
     monkeypatch.setenv("LOCALPAGED_CPU_KERNELS", "off")
     assert not cpu_w4.available()
@@ -75,7 +75,7 @@ def test_a_build_is_cached_and_a_missing_compiler_falls_back_with_a_message(
 def test_a_compiler_error_is_reported(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LOCALPAGED_KERNEL_CACHE", str(tmp_path))
     with pytest.raises(RuntimeError, match="could not compile"):
-        native.build("quant_gemm", ("memcpy=(",))  # breaks the source
+        native.build(native.ALL, ("memcpy=(",))  # breaks the source
     assert list(tmp_path.iterdir()) == []
 
 

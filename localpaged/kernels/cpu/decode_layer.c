@@ -6,9 +6,7 @@
  *
  * Rounding follows the torch path: bf16 tensors between ops, float32 inside each op.
  */
-#include "quant_gemm.c"
-#include "paged_decode.c"
-
+/* Built as part of all.c, after quant_gemm.c and paged_decode.c. */
 #include <math.h>
 
 struct w4_layer {
