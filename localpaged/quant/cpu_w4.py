@@ -59,22 +59,30 @@ def dequantize(packed: torch.Tensor, sb: torch.Tensor) -> torch.Tensor:
     return w.reshape(tiles, pairs * 2, TILE).permute(0, 2, 1).reshape(tiles * TILE, pairs * 2)
 
 
+def _gemm(kind: str, x: torch.Tensor, packed: torch.Tensor, params: torch.Tensor,
+          extra: tuple[int, ...], defines: tuple[str, ...]) -> torch.Tensor:
+    """Call `<kind>_gemm_bf16(x, packed, params, y, M, K, N, *extra, threads)`."""
+    lib = _library(defines)
+    if lib is None:
+        raise RuntimeError(f"the CPU {kind} kernel is not available on this machine")
+    x = x.to(torch.bfloat16).contiguous()
+    m, k = x.shape
+    if packed.shape[1] * 2 != k:
+        raise ValueError(f"x has {k} columns, the weight {packed.shape[1] * 2}")
+    n = packed.shape[0] * TILE
+    y = torch.empty(m, n, dtype=torch.bfloat16)
+    run = getattr(lib, f"{kind}_gemm_bf16")
+    if m and run(x.data_ptr(), packed.data_ptr(), params.data_ptr(), y.data_ptr(), m, k, n,
+                 *extra, torch.get_num_threads()):
+        raise MemoryError(f"the CPU {kind} kernel could not allocate its scratch memory")
+    return y
+
+
 def matmul(x: torch.Tensor, packed: torch.Tensor, sb: torch.Tensor,
            defines: tuple[str, ...] = ()) -> torch.Tensor:
     """`x @ W.T` for bf16 `x` `[M, K]`; `defines` picks a build (tests: the generic C path)."""
-    lib = _library(defines)
-    if lib is None:
-        raise RuntimeError("the CPU w4 kernel is not available on this machine")
-    x = x.to(torch.bfloat16).contiguous()
-    m, k = x.shape
-    tiles, groups = sb.shape[0], sb.shape[1]
-    if packed.shape[1] * 2 != k:
-        raise ValueError(f"x has {k} columns, the weight {packed.shape[1] * 2}")
-    y = torch.empty(m, tiles * TILE, dtype=torch.bfloat16)
-    if m and lib.w4_gemm_bf16(x.data_ptr(), packed.data_ptr(), sb.data_ptr(), y.data_ptr(),
-                              m, k, tiles * TILE, k // groups, torch.get_num_threads()):
-        raise MemoryError("the CPU w4 kernel could not allocate its scratch memory")
-    return y
+    group_size = packed.shape[1] * 2 // sb.shape[1]
+    return _gemm("w4", x, packed, sb, (group_size,), defines)
 
 
 def pack_w8(codes: torch.Tensor) -> torch.Tensor:
@@ -86,16 +94,4 @@ def pack_w8(codes: torch.Tensor) -> torch.Tensor:
 def matmul_w8(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
               defines: tuple[str, ...] = ()) -> torch.Tensor:
     """`(x @ codes.T) * scales` for bf16 `x` `[M, K]` and float32 `scales` `[N]`."""
-    lib = _library(defines)
-    if lib is None:
-        raise RuntimeError("the CPU w8 kernel is not available on this machine")
-    x = x.to(torch.bfloat16).contiguous()
-    m, k = x.shape
-    tiles = packed.shape[0]
-    if packed.shape[1] * 2 != k:
-        raise ValueError(f"x has {k} columns, the weight {packed.shape[1] * 2}")
-    y = torch.empty(m, tiles * TILE, dtype=torch.bfloat16)
-    if m and lib.w8_gemm_bf16(x.data_ptr(), packed.data_ptr(), scales.data_ptr(), y.data_ptr(),
-                              m, k, tiles * TILE, torch.get_num_threads()):
-        raise MemoryError("the CPU w8 kernel could not allocate its scratch memory")
-    return y
+    return _gemm("w8", x, packed, scales, (), defines)
