@@ -86,7 +86,9 @@ def build(name: str, defines: tuple[str, ...] = ()) -> Path:
     key = hashlib.sha256(
         "\0".join([*texts, name, cc, version, *flags, _cpu_signature()]).encode()
     ).hexdigest()[:16]  # every source: kernels include each other
-    target = cache_dir() / f"{name}-{key}.so"
+    # One file per library and set of defines; a new source or compiler replaces the old file.
+    variant = hashlib.sha256("\0".join(defines).encode()).hexdigest()[:6]
+    target = cache_dir() / f"{name}-{variant}-{key}.so"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -98,6 +100,9 @@ def build(name: str, defines: tuple[str, ...] = ()) -> Path:
         if done.returncode != 0:
             raise RuntimeError(f"{cc} could not compile {source.name}:\n{done.stderr.strip()}")
         os.replace(tmp, target)
+        for stale in target.parent.glob(f"{name}-{variant}-*.so"):
+            if stale != target:  # a loaded library stays usable after its file is removed
+                stale.unlink(missing_ok=True)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)

@@ -63,6 +63,11 @@ def test_a_build_is_cached_and_a_missing_compiler_falls_back_with_a_message(
     assert native.build(native.ALL, ("LOCALPAGED_GENERIC",)) == first
     assert first.stat().st_mtime_ns == stamp  # not compiled again
     assert list(tmp_path.iterdir()) == [first]  # no temporary files left behind
+    old = tmp_path / first.name.replace(first.name.rsplit("-", 1)[1], "0123456789abcdef.so")
+    old.write_bytes(b"a build of an older source")
+    monkeypatch.setattr(native, "FLAGS", (*native.FLAGS, "-O2"))  # a new build of the variant
+    second = native.build(native.ALL, ("LOCALPAGED_GENERIC",))
+    assert second != first and sorted(tmp_path.iterdir()) == [second]  # the old ones removed
 
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
     monkeypatch.setattr(native, "_loaded", {})
