@@ -2,9 +2,9 @@
  * they lie (torch's path first gathers them into a padded batch, then masks the padding).
  *
  * One task per (request, KV head): the query heads sharing that KV head (GQA) are scored
- * against every context key, softmaxed in float32, and their values summed. Plain C: the
- * inner loops over the head dimension are `omp simd`, vectorized by the compiler for the CPU
- * it builds on.
+ * against every context key, softmaxed in float32, and their values summed. The loops over the
+ * head dimension are `omp simd`, vectorized by the compiler for the CPU it builds on; with
+ * AVX512-BF16 the scores are VDPBF16PS dot products of the bf16 query and key rows.
  *
  *   q        bf16 [B][Hq][D]          out bf16 [B][Hq][D]
  *   k_cache  bf16 [blocks][bs][Hkv][D], v_cache likewise
