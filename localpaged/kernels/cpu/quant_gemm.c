@@ -17,6 +17,7 @@
  * summing in float32; the 128 is taken out per group with the group's sum of x.
  * Without it, plain C loops (vectorized by the compiler) compute the same sums in float32.
  */
+#define _GNU_SOURCE /* syscall(), for the AMX permission, under -std=c11 */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
