@@ -110,3 +110,15 @@ def test_w8_matmul_equals_the_int8_product(build: str, rows: int) -> None:
     got = cpu_w4.matmul_w8(x, cpu_w4.pack_w8(codes), scales, BUILDS[build]).float()
     ref = (x.float() @ codes.float().t()) * scales
     assert (got - ref).abs().max() <= 2**-7 * ref.abs().max()
+
+
+@pytest.mark.parametrize("defines", [(), ("LOCALPAGED_GENERIC",)])
+def test_sources_compile_without_warnings(tmp_path, defines: tuple[str, ...]) -> None:
+    """Warnings of one compiler are errors of the next (implicit declarations in GCC 14)."""
+    import subprocess
+
+    cc = native._compiler()
+    flags = [*native.FLAGS, "-Wall", "-Wextra", "-Werror", *(f"-D{d}" for d in defines)]
+    done = subprocess.run([cc, *flags, str(native.SOURCES / "all.c"), "-o", str(tmp_path / "x.so")],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

@@ -58,6 +58,7 @@ static inline float dot_scaled(const float *qf, const uint16_t *qb, const uint16
     }
 #endif
     (void)qb;
+    (void)scale; /* the float32 query row is scaled already */
     float s = 0.f;
 #pragma omp simd reduction(+ : s)
     for (int d = 0; d < dim; d++) s += qf[d] * bf16_to_f32(kp[d]);
