@@ -51,6 +51,6 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up for x = cat(gate, up) along the last dim."""
     if use_triton(x):
         return silu_and_mul_triton(x)
-    if x.dtype == torch.bfloat16 and elementwise_cpu.supports(x):
+    if elementwise_cpu.supports(x):
         return elementwise_cpu.silu_and_mul_cpu(x)
     return silu_and_mul_torch(x)

@@ -197,7 +197,6 @@ def paged_attention(
     if use_triton(query):
         return paged_attention_triton(query, k_cache, v_cache, meta, scale)
     if meta.is_decode_only and meta.memo("attn.cpu_kernel", lambda: supports(query, k_cache)):
-        tables, lens = meta.memo("attn.cpu_tables", lambda: (
-            meta.block_tables.to(torch.int32).contiguous(), meta.seq_lens.to(torch.int32).contiguous()))
-        return paged_decode_attention_cpu(query, k_cache, v_cache, tables, lens, scale)
+        return paged_decode_attention_cpu(query, k_cache, v_cache, meta.block_tables,
+                                          meta.seq_lens, scale)
     return paged_attention_torch(query, k_cache, v_cache, meta, scale)

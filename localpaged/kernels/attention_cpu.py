@@ -4,18 +4,11 @@ bf16 decode steps when the kernel builds here; everything else takes the torch p
 
 from __future__ import annotations
 
-import ctypes
-
 import torch
 
 from localpaged.kernels import native
 
 MAX_QUERY_HEADS_PER_KV_HEAD, MAX_HEAD_DIM = 16, 256  # the kernel's scratch sizes
-
-
-def _library() -> ctypes.CDLL | None:
-    return native.load(native.ALL)
-
 
 
 def supports(query: torch.Tensor, k_cache: torch.Tensor) -> bool:
@@ -24,8 +17,7 @@ def supports(query: torch.Tensor, k_cache: torch.Tensor) -> bool:
     kv_heads = k_cache.shape[2]
     return (query.device.type == "cpu" and query.dtype == k_cache.dtype == torch.bfloat16
             and heads % kv_heads == 0 and heads // kv_heads <= MAX_QUERY_HEADS_PER_KV_HEAD
-            and dim <= MAX_HEAD_DIM and k_cache.is_contiguous()
-            and native.enabled() and _library() is not None)
+            and dim <= MAX_HEAD_DIM and k_cache.is_contiguous() and native.available())
 
 
 def paged_decode_attention_cpu(
@@ -38,7 +30,7 @@ def paged_decode_attention_cpu(
 ) -> torch.Tensor:
     """query `[B, Hq, D]` (one token per request); caches `[blocks, block_size, Hkv, D]`;
     block_tables `[B, max_blocks]` int32; seq_lens `[B]` int32. Returns `[B, Hq, D]`."""
-    lib = _library()
+    lib = native.library()
     if lib is None:
         raise RuntimeError("the CPU decode-attention kernel is not available on this machine")
     q = query.contiguous()

@@ -39,11 +39,6 @@ class _Step(ctypes.Structure):
         ("tables", ctypes.c_void_p), ("seq_lens", ctypes.c_void_p), ("cos_sin", ctypes.c_void_p)]
 
 
-def _library() -> ctypes.CDLL | None:
-    return native.load(native.ALL)
-
-
-
 def _w4(linear: Any) -> _W4 | None:
     """The C view of a QuantLinear on the own kernel, or None if it is not one."""
     if getattr(linear, "w4_packed", None) is None or linear.perm is not None:
@@ -67,7 +62,7 @@ class CpuDecodePlan:
         self.shape = dict(hidden=c.hidden_size, heads=c.num_heads, kv_heads=c.num_kv_heads,
                           head_dim=c.head_dim, intermediate=c.intermediate_size)
         self.eps, self.scale = c.rms_norm_eps, c.head_dim**-0.5
-        self.fn = _library().decode_layer_bf16
+        self.fn = native.library().decode_layer_bf16
 
     @classmethod
     def build(cls, model: Any) -> CpuDecodePlan | None:
@@ -77,7 +72,7 @@ class CpuDecodePlan:
         if (model.dtype != torch.bfloat16 or c.head_dim > MAX_HEAD_DIM or c.head_dim % 2
                 or c.num_heads % c.num_kv_heads
                 or c.num_heads // c.num_kv_heads > MAX_QUERY_HEADS_PER_KV_HEAD
-                or not native.enabled() or _library() is None):
+                or not native.available()):
             return None
         layers = []
         for layer in model.model.layers:

@@ -4,22 +4,14 @@ temporaries. Same results as the torch implementations (float32 inside, bf16 bet
 
 from __future__ import annotations
 
-import ctypes
-
 import torch
 
 from localpaged.kernels import native
 
 
-def _library() -> ctypes.CDLL | None:
-    return native.load(native.ALL)
-
-
-
 def supports(x: torch.Tensor) -> bool:
     """Whether `x` can take the native path: a bf16 CPU tensor (any leading shape)."""
-    return (x.device.type == "cpu" and x.dtype == torch.bfloat16 and native.enabled()
-            and _library() is not None)
+    return x.device.type == "cpu" and x.dtype == torch.bfloat16 and native.available()
 
 
 def rms_norm_cpu(x: torch.Tensor, weight: torch.Tensor, eps: float,
@@ -31,7 +23,7 @@ def rms_norm_cpu(x: torch.Tensor, weight: torch.Tensor, eps: float,
     w = weight.to(torch.bfloat16).contiguous()
     out, res_out = torch.empty_like(x2), torch.empty_like(x2)
     if x2.shape[0]:
-        _library().rms_norm_rows_bf16(
+        native.library().rms_norm_rows_bf16(
             x2.data_ptr(), r2.data_ptr() if r2 is not None else None, res_out.data_ptr(),
             w.data_ptr(), out.data_ptr(), x2.shape[0], n, eps, torch.get_num_threads())
     return out.view(x.shape), (res_out.view(x.shape) if residual is not None else x)
@@ -43,7 +35,7 @@ def silu_and_mul_cpu(x: torch.Tensor) -> torch.Tensor:
     x2 = x.reshape(-1, 2 * inter).contiguous()
     out = torch.empty(x2.shape[0], inter, dtype=x.dtype)
     if x2.shape[0]:
-        _library().silu_and_mul_rows_bf16(x2.data_ptr(), out.data_ptr(), x2.shape[0], inter,
+        native.library().silu_and_mul_rows_bf16(x2.data_ptr(), out.data_ptr(), x2.shape[0], inter,
                                           torch.get_num_threads())
     return out.view(*x.shape[:-1], inter)
 
@@ -59,7 +51,7 @@ def apply_rotary_cpu(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
         if cache is not None:
             cache["rotary.cpu_rows"] = rows
     if q.shape[0]:
-        _library().rotary_rows_bf16(q.data_ptr(), q.stride(0), q.shape[1], k.data_ptr(),
+        native.library().rotary_rows_bf16(q.data_ptr(), q.stride(0), q.shape[1], k.data_ptr(),
                                     k.stride(0), k.shape[1], q.shape[2], rows.data_ptr(),
                                     q.shape[0], torch.get_num_threads())
     return q, k

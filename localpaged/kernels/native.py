@@ -127,3 +127,14 @@ def load(name: str, defines: tuple[str, ...] = ()) -> ctypes.CDLL | None:
                   file=sys.stderr)
         _loaded[key] = lib
     return _loaded[key]
+
+
+def library(defines: tuple[str, ...] = ()) -> ctypes.CDLL | None:
+    """The library of every kernel (`cpu/all.c`), or None when it cannot be built here;
+    `defines` picks another build of it (tests: the plain-C or no-AMX paths)."""
+    return load(ALL, defines)
+
+
+def available() -> bool:
+    """True when the kernels are wanted (`LOCALPAGED_CPU_KERNELS`), built and loaded here."""
+    return enabled() and library() is not None

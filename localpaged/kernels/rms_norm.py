@@ -84,6 +84,6 @@ def rms_norm(
     """(rmsnorm(x + residual) * weight, x + residual); residual may be None."""
     if use_triton(x):
         return rms_norm_triton(x, weight, eps, residual)
-    if x.dtype == torch.bfloat16 and elementwise_cpu.supports(x):
+    if elementwise_cpu.supports(x):
         return elementwise_cpu.rms_norm_cpu(x, weight, eps, residual)
     return rms_norm_torch(x, weight, eps, residual)

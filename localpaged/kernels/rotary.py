@@ -113,6 +113,6 @@ def apply_rotary(
     torch path."""
     if use_triton(q):
         return apply_rotary_triton(q, k, positions, cos_sin)
-    if q.dtype == torch.bfloat16 and elementwise_cpu.rotary_supports(q, k, cos_sin):
+    if elementwise_cpu.rotary_supports(q, k, cos_sin):
         return elementwise_cpu.apply_rotary_cpu(q, k, positions, cos_sin, cache)
     return apply_rotary_torch(q, k, positions, cos_sin, cache)

@@ -10,8 +10,6 @@ it again every 4 rows.
 
 from __future__ import annotations
 
-import ctypes
-
 import torch
 
 from localpaged.kernels import native
@@ -20,14 +18,10 @@ from localpaged.quant.layout import Int4Weight
 TILE = 16
 
 
-def _library(defines: tuple[str, ...] = ()) -> ctypes.CDLL | None:
-    return native.load(native.ALL, defines)
-
-
 
 def available() -> bool:
     """True when the kernel is wanted (`LOCALPAGED_CPU_KERNELS`), built and loaded here."""
-    return native.enabled() and _library() is not None
+    return native.available()
 
 
 def supports(w: Int4Weight, dtype: torch.dtype) -> bool:
@@ -62,7 +56,7 @@ def dequantize(packed: torch.Tensor, sb: torch.Tensor) -> torch.Tensor:
 def _gemm(kind: str, x: torch.Tensor, packed: torch.Tensor, params: torch.Tensor,
           extra: tuple[int, ...], defines: tuple[str, ...]) -> torch.Tensor:
     """Call `<kind>_gemm_bf16(x, packed, params, y, M, K, N, *extra, threads)`."""
-    lib = _library(defines)
+    lib = native.library(defines)
     if lib is None:
         raise RuntimeError(f"the CPU {kind} kernel is not available on this machine")
     x = x.to(torch.bfloat16).contiguous()

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from localpaged.kernels import attention_cpu
+from localpaged.kernels import attention_cpu, native
 from localpaged.kernels.attention import AttentionMetadata, paged_attention
 
-pytestmark = pytest.mark.skipif(attention_cpu._library() is None,
+pytestmark = pytest.mark.skipif(native.library() is None,
                                 reason="the CPU kernel does not build here")
 
 

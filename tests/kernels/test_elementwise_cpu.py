@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from localpaged.kernels import elementwise_cpu
+from localpaged.kernels import elementwise_cpu, native
 from localpaged.kernels.activation import silu_and_mul, silu_and_mul_torch
 from localpaged.kernels.rms_norm import rms_norm, rms_norm_torch
 from localpaged.kernels.rotary import apply_rotary, apply_rotary_torch
 
-pytestmark = pytest.mark.skipif(elementwise_cpu._library() is None,
+pytestmark = pytest.mark.skipif(native.library() is None,
                                 reason="the CPU kernel does not build here")
 
 

@@ -10,15 +10,16 @@ import pytest
 import torch
 from torch import nn
 
-from localpaged.kernels import AttentionMetadata
-from localpaged.kernels.decode_layer import CpuDecodePlan, _library
+from localpaged.kernels import AttentionMetadata, native
+from localpaged.kernels.decode_layer import CpuDecodePlan
 from localpaged.model.loader import load_model
 from localpaged.model.optimize import optimize_for_inference
 from localpaged.quant.awq import awq_quantize
 from localpaged.quant.layout import from_codes
 from localpaged.quant.linear import QuantLinear
 
-pytestmark = pytest.mark.skipif(_library() is None, reason="the CPU kernel does not build here")
+pytestmark = pytest.mark.skipif(native.library() is None,
+                                reason="the CPU kernel does not build here")
 
 BS = 16
 

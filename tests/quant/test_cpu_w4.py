@@ -122,3 +122,10 @@ def test_sources_compile_without_warnings(tmp_path, defines: tuple[str, ...]) ->
     done = subprocess.run([cc, *flags, str(native.SOURCES / "all.c"), "-o", str(tmp_path / "x.so")],
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_each_build_takes_the_path_it_names() -> None:
+    """2 = AMX, 1 = AVX512-BF16, 0 = plain C: switching a path off must really leave it."""
+    isa = {name: native.library(defines).w4_gemm_isa() for name, defines in BUILDS.items()}
+    assert isa["generic"] == 0
+    assert isa["no-amx"] in (0, 1) and isa["native"] >= isa["no-amx"]

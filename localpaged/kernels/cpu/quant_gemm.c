@@ -300,14 +300,12 @@ int w4_gemm_isa(void) {
 int w4_gemm_bf16(const uint16_t *x, const uint8_t *packed, const uint16_t *sb, uint16_t *y,
                  int m_rows, int k, int n, int gs, int threads) {
     const int groups = k / gs, tiles = n / TILE;
+#ifdef W4_AMX
+    if (m_rows >= AMX_MIN_ROWS && k % 32 == 0 && amx_allowed())
+        return gemm_amx(x, packed, sb, NULL, y, m_rows, k, n, gs, threads);
+#endif
     float *xs = malloc(sizeof(float) * (size_t)m_rows * groups);
     if (xs == NULL) return -1;
-#ifdef W4_AMX
-    if (m_rows >= AMX_MIN_ROWS && k % 32 == 0 && amx_allowed()) {
-        free(xs);
-        return gemm_amx(x, packed, sb, NULL, y, m_rows, k, n, gs, threads);
-    }
-#endif
     group_sums(x, m_rows, k, gs, xs);
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int t = 0; t < tiles; t++) {
