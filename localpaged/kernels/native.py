@@ -1,7 +1,8 @@
 """Build and load the package's C kernels for the CPU (`localpaged/kernels/cpu/*.c`).
 
-A kernel is compiled once per machine with the system C compiler (`$CC`, else `cc`) for the
-CPU it runs on (`-march=native`), cached under the user cache folder, and called through
+The library is compiled once per machine and CPU variant (`cpu_isa`: generic, avx2, avx512,
+avx512bf16, amx; the best one the CPU has unless `LOCALPAGED_CPU_ISA` says otherwise) with the
+system C compiler (`$CC`, else `cc`), cached under the user cache folder, and called through
 ctypes. The compiled library links OpenMP by its usual name, `libgomp.so.1`, which torch has
 loaded already: kernels run on torch's own thread pool, never beside a second one.
 
@@ -14,20 +15,19 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
-import platform
 import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from localpaged.kernels import cpu_isa
+
 SOURCES = Path(__file__).parent / "cpu"
 ALL = "all"  # the library of every kernel: cpu/all.c includes the others
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
-# GCC vectorizes loops 256 bits wide on x86 unless told that 512 is fine.
-X86_FLAGS = ("-mprefer-vector-width=512",)
+FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=c11")
 
-_loaded: dict[tuple[str, tuple[str, ...]], ctypes.CDLL | None] = {}
+_loaded: dict[tuple[str, str], ctypes.CDLL | None] = {}
 
 _P, _I, _L, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_float
 # The C signatures of the library's entry points (see each kernel's source).
@@ -62,33 +62,26 @@ def _compiler() -> str | None:
     return shutil.which(os.environ.get("CC", "cc"))
 
 
-def _cpu_signature() -> str:
-    """What `-march=native` depends on: the CPU's model and flags."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return ""
-    lines = [ln for ln in text.splitlines() if ln.startswith(("model name", "flags"))]
-    return "\n".join(sorted(set(lines)))
+def has_compiler() -> bool:
+    """Whether a C compiler is here to build the kernels (`$CC`, else `cc`)."""
+    return _compiler() is not None
 
 
-def build(name: str, defines: tuple[str, ...] = ()) -> Path:
-    """Compile `cpu/<name>.c` (if not cached) and return the library's path. Raises
-    RuntimeError with the compiler's message if it cannot be built."""
+def build(name: str, isa: str) -> Path:
+    """Compile `cpu/<name>.c` for the CPU variant `isa` (if not cached) and return the
+    library's path. Raises RuntimeError with the compiler's message if it cannot be built."""
     source = SOURCES / f"{name}.c"
     cc = _compiler()
     if cc is None:
         raise RuntimeError("no C compiler found (set CC, or install one: `apt install gcc`)")
-    x86 = platform.machine().lower() in ("x86_64", "amd64")
-    flags = (*FLAGS, *(X86_FLAGS if x86 else ()), *(f"-D{d}" for d in defines))
+    flags = (*FLAGS, *cpu_isa.compile_flags(isa))
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
     texts = [f.read_text() for f in sorted(SOURCES.iterdir()) if f.suffix in (".c", ".h")]
     key = hashlib.sha256(
-        "\0".join([*texts, name, cc, version, *flags, _cpu_signature()]).encode()
+        "\0".join([*texts, name, cc, version, *flags]).encode()
     ).hexdigest()[:16]  # every source: kernels include each other
-    # One file per library and set of defines; a new source or compiler replaces the old file.
-    variant = hashlib.sha256("\0".join(defines).encode()).hexdigest()[:6]
-    target = cache_dir() / f"{name}-{variant}-{key}.so"
+    # One file per library and variant; a new source or compiler replaces the old file.
+    target = cache_dir() / f"{name}-{isa}-{key}.so"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -100,7 +93,7 @@ def build(name: str, defines: tuple[str, ...] = ()) -> Path:
         if done.returncode != 0:
             raise RuntimeError(f"{cc} could not compile {source.name}:\n{done.stderr.strip()}")
         os.replace(tmp, target)
-        for stale in target.parent.glob(f"{name}-{variant}-*.so"):
+        for stale in target.parent.glob(f"{name}-{isa}-*.so"):
             if stale != target:  # a loaded library stays usable after its file is removed
                 stale.unlink(missing_ok=True)
     finally:
@@ -109,16 +102,16 @@ def build(name: str, defines: tuple[str, ...] = ()) -> Path:
     return target
 
 
-def load(name: str, defines: tuple[str, ...] = ()) -> ctypes.CDLL | None:
-    """The compiled kernel library `name`, or None when it cannot be built (said once on
-    stderr). Callers check `enabled()` before choosing a kernel for a layer."""
-    key = (name, defines)
+def load(name: str, isa: str) -> ctypes.CDLL | None:
+    """The compiled kernel library `name` for variant `isa`, or None when it cannot be built
+    (said once on stderr). Callers check `enabled()` before choosing a kernel for a layer."""
+    key = (name, isa)
     if key not in _loaded:
         lib = None
         try:
             import torch  # noqa: F401  (loads the libgomp the kernels must share)
 
-            lib = ctypes.CDLL(str(build(name, defines)))
+            lib = ctypes.CDLL(str(build(name, isa)))
             for fn, (args, result) in SIGNATURES.items():
                 if hasattr(lib, fn):
                     getattr(lib, fn).argtypes, getattr(lib, fn).restype = args, result
@@ -129,10 +122,10 @@ def load(name: str, defines: tuple[str, ...] = ()) -> ctypes.CDLL | None:
     return _loaded[key]
 
 
-def library(defines: tuple[str, ...] = ()) -> ctypes.CDLL | None:
-    """The library of every kernel (`cpu/all.c`), or None when it cannot be built here;
-    `defines` picks another build of it (tests: the plain-C or no-AMX paths)."""
-    return load(ALL, defines)
+def library(isa: str | None = None) -> ctypes.CDLL | None:
+    """The library of every kernel (`cpu/all.c`) for the variant `isa` (default: the one
+    this process runs, `cpu_isa.chosen()`), or None when it cannot be built here."""
+    return load(ALL, isa or cpu_isa.chosen())
 
 
 def available() -> bool:

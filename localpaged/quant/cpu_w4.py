@@ -4,7 +4,8 @@ a decode step of several requests reads the weight about once, where torch's int
 it again every 4 rows.
 
 * 4-bit: `packed` uint8 `[N/16, K/2, 16]` (two codes of one column per byte, low nibble
-  first) and `sb` bf16 `[N/16, G, 2, 16]` (scale, then offset: `W = q * s + b`).
+  first) and `sb` float16 `[N/16, G, 2, 16]` (scale, then offset: `W = q * s + b`; float16
+  as the files' own scales, so GGUF and AWQ/GPTQ weights are kept as they are).
 * 8-bit per output channel (the lm_head): codes int8 `[N/16, K/2, 2, 16]`, scales float32 `[N]`.
 """
 
@@ -16,7 +17,6 @@ from localpaged.kernels import native
 from localpaged.quant.layout import Int4Weight
 
 TILE = 16
-
 
 
 def available() -> bool:
@@ -40,7 +40,7 @@ def pack(w: Int4Weight) -> tuple[torch.Tensor, torch.Tensor]:
     s = w.scales.float()
     sb = torch.stack((s, -w.zeros.float() * s), dim=1)  # [G, 2, N]
     sb = sb.reshape(sb.shape[0], 2, n // TILE, TILE).permute(2, 0, 1, 3)
-    return packed, sb.to(torch.bfloat16).contiguous()
+    return packed, sb.to(torch.float16).contiguous()
 
 
 def dequantize(packed: torch.Tensor, sb: torch.Tensor) -> torch.Tensor:
@@ -54,9 +54,9 @@ def dequantize(packed: torch.Tensor, sb: torch.Tensor) -> torch.Tensor:
 
 
 def _gemm(kind: str, x: torch.Tensor, packed: torch.Tensor, params: torch.Tensor,
-          extra: tuple[int, ...], defines: tuple[str, ...]) -> torch.Tensor:
+          extra: tuple[int, ...], isa: str | None) -> torch.Tensor:
     """Call `<kind>_gemm_bf16(x, packed, params, y, M, K, N, *extra, threads)`."""
-    lib = native.library(defines)
+    lib = native.library(isa)
     if lib is None:
         raise RuntimeError(f"the CPU {kind} kernel is not available on this machine")
     x = x.to(torch.bfloat16).contiguous()
@@ -73,10 +73,10 @@ def _gemm(kind: str, x: torch.Tensor, packed: torch.Tensor, params: torch.Tensor
 
 
 def matmul(x: torch.Tensor, packed: torch.Tensor, sb: torch.Tensor,
-           defines: tuple[str, ...] = ()) -> torch.Tensor:
-    """`x @ W.T` for bf16 `x` `[M, K]`; `defines` picks a build (tests: the generic C path)."""
+           isa: str | None = None) -> torch.Tensor:
+    """`x @ W.T` for bf16 `x` `[M, K]`; `isa` picks a CPU variant (default: this process's)."""
     group_size = packed.shape[1] * 2 // sb.shape[1]
-    return _gemm("w4", x, packed, sb, (group_size,), defines)
+    return _gemm("w4", x, packed, sb, (group_size,), isa)
 
 
 def pack_w8(codes: torch.Tensor) -> torch.Tensor:
@@ -86,6 +86,6 @@ def pack_w8(codes: torch.Tensor) -> torch.Tensor:
 
 
 def matmul_w8(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
-              defines: tuple[str, ...] = ()) -> torch.Tensor:
+              isa: str | None = None) -> torch.Tensor:
     """`(x @ codes.T) * scales` for bf16 `x` `[M, K]` and float32 `scales` `[N]`."""
-    return _gemm("w8", x, packed, scales, (), defines)
+    return _gemm("w8", x, packed, scales, (), isa)

@@ -45,33 +45,46 @@ def test_fused_projections_compute_the_same_logits(tiny_qwen2: Path) -> None:
                                rtol=1e-5, atol=1e-5)
 
 
+CHAT = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 30, 2, 198, 1, 4093, 198, 1780,
+        314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198]  # SmolLM2 chat prompt
+# The largest log-probability gap of float32's top token that a correct bf16 build shows on
+# this prompt, measured by benchmarks/kernel_accuracy.py per variant (generic 0.176,
+# avx2 0.198, avx512 0.220, avx512bf16 0.175; torch's own ops 0.196-0.277): the rounding of
+# bf16 activations between ops and of the int8 head. 0.3 leaves room for other CPUs' orders
+# of summation; the pre-fix builds (scales and offsets rounded to bf16) measured 0.33-0.39.
+BF16_LOGPROB_GAP = 0.3
+
+
+@pytest.fixture(scope="module")
+def smollm_float32_logprobs(smollm_gguf: Path) -> torch.Tensor:
+    """The chat prompt's log-probabilities in float32 (the Q4_1 weights dequantized exactly)."""
+    model, _ = load_model(smollm_gguf, dtype="float32")
+    return torch.log_softmax(model.compute_logits(_hidden(model, CHAT)), -1)
+
+
 @pytest.mark.smollm
-def test_optimized_4bit_smollm_stays_close_to_the_plain_4bit_model(
-        smollm_gguf: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("LOCALPAGED_CPU_KERNELS", "off")  # the reference: torch's int4 op only
-    plain, _ = load_model(smollm_gguf)  # auto: bfloat16 compute, Q4_1 matrices kept 4-bit
-    monkeypatch.delenv("LOCALPAGED_CPU_KERNELS")
-    fast, _ = load_model(smollm_gguf)
+def test_optimized_4bit_smollm_stays_close_to_float32(
+        smollm_gguf: Path, smollm_float32_logprobs: torch.Tensor, cpu_variant: str) -> None:
+    fast, _ = load_model(smollm_gguf)  # auto: bfloat16 compute, Q4_1 matrices kept 4-bit
     done = optimize_for_inference(fast, torch.device("cpu"))
-    layers = 2 * 30 + 30 + 30  # qkv, o, gate_up, down per layer
-    if cpu_w4.available():  # the own kernel serves every batch, decode steps natively
-        assert done["native_decode"] == 1
-        assert done["single_row_copies"] == 0 and done["dense_copies"] == 0
-    else:
-        assert done["dense_copies"] == layers
+    assert cpu_w4.available()  # the variant builds and loads here
+    assert done["native_decode"] == 1  # the own kernel serves every batch, decode natively
+    assert done["single_row_copies"] == 0 and done["dense_copies"] == 0
     assert done["int8_lm_head"] == 1 and isinstance(fast.lm_head, Int8Linear)
     assert isinstance(fast.model.layers[0].self_attn.qkv_proj, QuantLinear)
 
-    ids = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 30, 2, 198, 1, 4093, 198, 1780,
-           314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198]  # SmolLM2 chat prompt
-    ref = torch.log_softmax(plain.compute_logits(_hidden(plain, ids)), -1)
-    hidden = _hidden(fast, ids)  # 28 rows: the own kernel (or the dense copies)
-    wide = torch.log_softmax(fast.compute_logits(hidden), -1)  # 28 rows: the dense head
-    narrow = torch.log_softmax(torch.cat([fast.compute_logits(h[None]) for h in hidden]), -1)
-    for got in (wide, narrow):  # narrow: one row at a time, the int8 head
-        top = ref.argmax(-1)
-        agree = (got.argmax(-1) == top).float().mean().item()
-        assert agree >= 0.9, agree
+    ref = smollm_float32_logprobs
+    hidden = _hidden(fast, CHAT)  # 28 rows: the own 4-bit kernel
+    wide = torch.log_softmax(fast.compute_logits(hidden).float(), -1)  # the batched head
+    narrow = torch.log_softmax(torch.cat([fast.compute_logits(h[None]) for h in hidden]).float(),
+                               -1)  # one row at a time, as in decode steps
+    top = ref.argmax(-1)
+    for got in (wide, narrow):
         gap = (got.gather(1, top[:, None]) - ref.gather(1, top[:, None])).abs().max().item()
-        assert gap < 0.35, gap
-    assert ref[-1].argmax() == narrow[-1].argmax()  # the next token of the answer
+        assert gap < BF16_LOGPROB_GAP, gap
+        # A different top token only where float32 itself nearly ties the two (each log-prob
+        # moved by less than the gap, so their order can flip only within twice that).
+        flipped = (got.argmax(-1) != top).nonzero().flatten()
+        margin = ref[flipped, top[flipped]] - ref[flipped, got.argmax(-1)[flipped]]
+        assert (margin < 2 * BF16_LOGPROB_GAP).all(), margin
+        assert got[-1].argmax() == top[-1]  # the next token of the answer

@@ -1,4 +1,5 @@
-/* bfloat16 <-> float32 for the CPU kernels (bf16 is the top half of a float32). */
+/* bfloat16 <-> float32 for the CPU kernels (bf16 is the top half of a float32), and float16
+ * -> float32 (the 4-bit weights' scales and offsets are kept in float16, as the files have them). */
 #ifndef LOCALPAGED_BF16_H
 #define LOCALPAGED_BF16_H
 
@@ -18,6 +19,21 @@ static inline uint16_t f32_to_bf16(float f) {
     if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* NaN */
     u += 0x7fffu + ((u >> 16) & 1u); /* round to nearest even */
     return (uint16_t)(u >> 16);
+}
+
+/* IEEE half -> float: shift the exponent and mantissa into place and rebias by a multiply
+ * (exact for normal and subnormal halves); infinities and NaNs are set apart. */
+static inline float f16_to_f32(uint16_t h) {
+    const uint32_t em = h & 0x7fffu;
+    uint32_t u = em << 13;
+    float f;
+    memcpy(&f, &u, 4);
+    f *= 0x1p112f;
+    memcpy(&u, &f, 4);
+    if (em >= 0x7c00u) u = (em << 13) | 0x7f800000u;
+    u |= (uint32_t)(h & 0x8000u) << 16;
+    memcpy(&f, &u, 4);
+    return f;
 }
 
 #endif

@@ -17,7 +17,7 @@
 
 #include "bf16.h"
 
-#if defined(__AVX512BF16__) && defined(__AVX512F__) && !defined(LOCALPAGED_GENERIC)
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
 #include <immintrin.h>
 #define PD_AVX512BF16 1
 #endif

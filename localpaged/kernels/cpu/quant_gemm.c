@@ -8,14 +8,18 @@
  * Layout (built by localpaged/quant/cpu_w4.py):
  *   packed  uint8 [N/16][K/2][16]  byte j of pair p of tile t holds
  *                                  q[2p][16t+j] | q[2p+1][16t+j] << 4   (codes 0..15)
- *   sb      bf16  [N/16][G][2][16] per group and column: scale s, then offset b,
+ *   sb      fp16  [N/16][G][2][16] per group and column: scale s, then offset b,
  *                                  W[n][k] = q[k][n] * s + b
+ *           (float16, not bf16: the files' own scales are float16, so GGUF Q4_0/Q4_1 and
+ *           AWQ/GPTQ weights are kept exactly; bf16 rounded the offset, the value at code 0,
+ *           by up to 2^-9 of ~8 steps, and doubled the weights' error against the file.)
  *   x       bf16  [M][K],  y bf16 [M][N]
  *
  * With AVX512-BF16 the codes become bf16 numbers 128 + q by bit operations alone
  * (0x4300 | q), and VDPBF16PS multiplies two of them with two activations per lane, exactly,
  * summing in float32; the 128 is taken out per group with the group's sum of x.
- * Without it, plain C loops (vectorized by the compiler) compute the same sums in float32.
+ * Without it, plain C loops (vectorized by the compiler for the variant's instruction set)
+ * compute the same sums in float32, unpacking each pair of codes once for all rows.
  */
 #define _GNU_SOURCE /* syscall(), for the AMX permission, under -std=c11 */
 #include <stdint.h>
@@ -25,7 +29,7 @@
 #include "bf16.h"
 #include <omp.h>
 
-#if defined(__AVX512BF16__) && defined(__AVX512F__) && !defined(LOCALPAGED_GENERIC)
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
 #include <immintrin.h>
 #define W4_AVX512BF16 1
 #endif
@@ -52,9 +56,8 @@ static void group_sums(const uint16_t *x, int m_rows, int k, int gs, float *xs) 
 
 #ifdef W4_AVX512BF16
 
-static inline __m512 load_bf16x16(const uint16_t *p) {
-    __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+static inline __m512 load_f16x16(const uint16_t *p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
 }
 
 /* One tile of 16 output columns for `rows` (1..MAX_ROWS) rows of x starting at x; inlined
@@ -94,8 +97,8 @@ static inline __attribute__((always_inline)) void tile_rows_n(const uint8_t *wp,
         }
         if (rows <= 4)
             for (int m = 0; m < rows; m++) dot[m] = _mm512_add_ps(dot[m], dot2[m]);
-        const __m512 s = load_bf16x16(sbp + (size_t)g * 2 * TILE);
-        const __m512 b = load_bf16x16(sbp + (size_t)g * 2 * TILE + TILE);
+        const __m512 s = load_f16x16(sbp + (size_t)g * 2 * TILE);
+        const __m512 b = load_f16x16(sbp + (size_t)g * 2 * TILE + TILE);
 #pragma GCC unroll 8
         for (int m = 0; m < MAX_ROWS; m++)
             if (m < rows) {
@@ -120,35 +123,44 @@ static void tile_rows(const uint8_t *wp, const uint16_t *sbp, const uint16_t *x,
 
 #else
 
+/* Plain C: for each pair of K, the two codes of the 16 columns become floats once, then every
+ * row takes its two products; per group, the scale and offset are applied in float32. */
 static inline void tile_rows(const uint8_t *wp, const uint16_t *sbp, const uint16_t *x,
                              const float *xs, uint16_t *y, int rows, int k, int n, int gs) {
     const int groups = k / gs, pairs = gs / 2;
-    for (int m = 0; m < rows; m++) {
-        const uint16_t *xm = x + (size_t)m * k;
-        float acc[TILE] = {0};
-        for (int g = 0; g < groups; g++) {
-            float dot[TILE] = {0};
-            const uint8_t *gp = wp + (size_t)g * pairs * TILE;
-            for (int p = 0; p < pairs; p++) {
-                const float x0 = bf16_to_f32(xm[g * gs + 2 * p]);
-                const float x1 = bf16_to_f32(xm[g * gs + 2 * p + 1]);
-                for (int j = 0; j < TILE; j++) {
-                    const uint8_t c = gp[p * TILE + j];
-                    dot[j] += (float)(c & 15) * x0 + (float)(c >> 4) * x1;
-                }
+    float acc[MAX_ROWS][TILE], dot[MAX_ROWS][TILE], lo[TILE], hi[TILE], s[TILE], b[TILE];
+    memset(acc, 0, sizeof acc);
+    for (int g = 0; g < groups; g++) {
+        memset(dot, 0, sizeof dot);
+        const uint8_t *gp = wp + (size_t)g * pairs * TILE;
+        for (int p = 0; p < pairs; p++) {
+            for (int j = 0; j < TILE; j++) {
+                lo[j] = (float)(gp[p * TILE + j] & 15);
+                hi[j] = (float)(gp[p * TILE + j] >> 4);
             }
-            const uint16_t *sp = sbp + (size_t)g * 2 * TILE;
-            const float sx = xs[(size_t)m * groups + g];
-            for (int j = 0; j < TILE; j++)
-                acc[j] += bf16_to_f32(sp[j]) * dot[j] + bf16_to_f32(sp[TILE + j]) * sx;
+            for (int m = 0; m < rows; m++) {
+                const uint16_t *xm = x + (size_t)m * k + g * gs + 2 * p;
+                const float x0 = bf16_to_f32(xm[0]), x1 = bf16_to_f32(xm[1]);
+                for (int j = 0; j < TILE; j++) dot[m][j] += lo[j] * x0 + hi[j] * x1;
+            }
         }
-        for (int j = 0; j < TILE; j++) y[(size_t)m * n + j] = f32_to_bf16(acc[j]);
+        const uint16_t *sp = sbp + (size_t)g * 2 * TILE;
+        for (int j = 0; j < TILE; j++) {
+            s[j] = f16_to_f32(sp[j]);
+            b[j] = f16_to_f32(sp[TILE + j]);
+        }
+        for (int m = 0; m < rows; m++) {
+            const float sx = xs[(size_t)m * groups + g];
+            for (int j = 0; j < TILE; j++) acc[m][j] += s[j] * dot[m][j] + b[j] * sx;
+        }
     }
+    for (int m = 0; m < rows; m++)
+        for (int j = 0; j < TILE; j++) y[(size_t)m * n + j] = f32_to_bf16(acc[m][j]);
 }
 
 #endif
 
-#if defined(W4_AVX512BF16) && defined(__AMX_TILE__) && defined(__AMX_BF16__) && !defined(LOCALPAGED_NO_AMX)
+#if defined(W4_AVX512BF16) && defined(__AMX_TILE__) && defined(__AMX_BF16__)
 #define W4_AMX 1
 /* Below this many rows AMX gains nothing on the unpacking, and AVX512-BF16 reads the weight
  * with fewer steps (measured on SmolLM2's shapes). */
@@ -198,8 +210,8 @@ static void unpack_w4(const uint8_t *wp, const uint16_t *sbp, uint32_t *bbuf, in
     const __m512i low = _mm512_set1_epi32(0x0f);
     for (int g = 0; g < k / gs; g++) {
         const uint8_t *gp = wp + (size_t)g * pairs * TILE;
-        const __m512 s = load_bf16x16(sbp + (size_t)g * 2 * TILE);
-        const __m512 b = load_bf16x16(sbp + (size_t)g * 2 * TILE + TILE);
+        const __m512 s = load_f16x16(sbp + (size_t)g * 2 * TILE);
+        const __m512 b = load_f16x16(sbp + (size_t)g * 2 * TILE + TILE);
         for (int p = 0; p < pairs; p++) {
             if (p % 4 == 0) _mm_prefetch((const char *)(gp + p * TILE) + PREFETCH_BYTES, _MM_HINT_T0);
             __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(gp + p * TILE)));
