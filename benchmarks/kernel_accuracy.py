@@ -7,7 +7,8 @@ serving as the engine does, runs the SmolLM2 chat prompt as one 28-token prefill
 log-probabilities of each row are compared with the same GGUF run in float32 (its 4-bit
 weights dequantized exactly). Printed per variant: the largest gap of the log-probability of
 float32's top token (wide: the prefill's batched head; narrow: one row at a time, as decode
-steps do), top-1 agreement, and the same for torch's own ops (`LOCALPAGED_CPU_KERNELS=off`).
+steps do), top-1 agreement, the same for torch's own ops (`LOCALPAGED_CPU_KERNELS=off`), and
+for the kernels in float32 (the compute dtype of CPUs without native bf16).
 
     python benchmarks/kernel_accuracy.py [--gguf FILE]
 """
@@ -23,14 +24,6 @@ from pathlib import Path
 
 CHAT = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 30, 2, 198, 1, 4093, 198, 1780,
         314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198]  # SmolLM2 chat prompt
-# torch's own kernels for the same CPU class (its dispatch and oneDNN's), per variant.
-TORCH_CLASS = {
-    "generic": {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41"},
-    "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
-    "avx512": {"ATEN_CPU_CAPABILITY": "avx512", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_VNNI"},
-    "avx512bf16": {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"},
-    "amx": {},
-}
 
 
 def _worker(gguf: str, mode: str) -> dict:
@@ -57,10 +50,10 @@ def _worker(gguf: str, mode: str) -> dict:
         return torch.log_softmax(logits.float(), -1)
 
     with torch.inference_mode():
-        if mode == "float32":
+        if mode == "reference":  # float32, the weights dequantized, torch's ops only
             model, _ = load_model(gguf, dtype="float32")
             return {"wide": logprobs(model, False).tolist()}
-        model, _ = load_model(gguf)
+        model, _ = load_model(gguf, dtype=mode)
         optimize_for_inference(model, torch.device("cpu"))
         return {"wide": logprobs(model, False).tolist(), "narrow": logprobs(model, True).tolist(),
                 "dtype": str(model.dtype)}
@@ -94,20 +87,24 @@ def main() -> None:
     if args.worker:
         print(json.dumps(_worker(gguf, args.worker)))
         return
+    from cpu_class import describe_cpu, torch_env
+
     from localpaged.kernels import cpu_isa
 
-    flags = sorted(cpu_isa.cpu_flags())
-    print("CPU flags:", " ".join(f for f in flags if f.startswith(("avx", "amx", "fma", "f16c"))))
-    ref = _run(gguf, "float32", {})["wide"]
+    print(describe_cpu())
+    ref = _run(gguf, "reference", {"LOCALPAGED_CPU_KERNELS": "off"})["wide"]
     print(f"\nlog-prob gap of float32's top token, max over the {len(CHAT)} rows of the chat "
           "prompt (and top-1 agreement)\n")
-    print("| variant | kernels: prefill head | kernels: one-row head | torch ops only |")
-    print("|---|---|---|---|")
+    print("| variant | bf16 kernels: prefill head | bf16 kernels: one-row head | "
+          "bf16, torch ops only | float32 kernels |")
+    print("|---|---|---|---|---|")
     for isa in cpu_isa.supported():
-        env = {cpu_isa.ENV: isa, **TORCH_CLASS[isa]}
-        fast = _run(gguf, "bf16", env)
-        plain = _run(gguf, "bf16", {**env, "LOCALPAGED_CPU_KERNELS": "off"})
-        cells = [_gap(ref, fast["wide"]), _gap(ref, fast["narrow"]), _gap(ref, plain["narrow"])]
+        env = {cpu_isa.ENV: isa, **torch_env(isa)}
+        fast = _run(gguf, "bfloat16", env)
+        plain = _run(gguf, "bfloat16", {**env, "LOCALPAGED_CPU_KERNELS": "off"})
+        f32 = _run(gguf, "float32", env)
+        cells = [_gap(ref, fast["wide"]), _gap(ref, fast["narrow"]), _gap(ref, plain["narrow"]),
+                 _gap(ref, f32["narrow"])]
         print(f"| {isa} | " + " | ".join(f"{g:.3f} ({a:.0%})" for g, a in cells) + " |")
 
 

@@ -21,6 +21,20 @@ def _resolve(name: str) -> tuple[Path, str, Any]:
     return Path(resolved.path), resolved.name, resolved
 
 
+def _dtype_reason(asked: str, chosen: Any, device: str) -> str:
+    """Why the model computes in `chosen`, for the load line."""
+    if asked != "auto":
+        return f"dtype={asked} asked for"
+    if str(device).startswith("cuda"):
+        return "auto: the checkpoint's dtype on CUDA"
+    from localpaged.model.loader import cpu_compute_dtype
+
+    want, why = cpu_compute_dtype()
+    if chosen != want:
+        return "auto: the checkpoint is float32"
+    return f"auto: {why}"
+
+
 def load_model_parts(args: EngineArgs) -> tuple[Any, Any, Any, ModelInfo]:
     """(model module, ModelConfig, Tokenizer, ModelInfo) for args.model."""
     from localpaged.model.loader import load_model
@@ -29,6 +43,8 @@ def load_model_parts(args: EngineArgs) -> tuple[Any, Any, Any, ModelInfo]:
     device = args.resolved_device()
     print(f"localpaged: loading {name} on {device} ...", file=sys.stderr, flush=True)
     model, config = load_model(path, dtype=args.dtype, device=device)
+    print(f"localpaged: computing in {str(model.dtype).removeprefix('torch.')} "
+          f"({_dtype_reason(args.dtype, model.dtype, device)})", file=sys.stderr, flush=True)
     if path.suffix == ".gguf":
         from localpaged.model.gguf_loader import tokenizer_from_gguf
 

@@ -35,6 +35,8 @@ SIGNATURES: dict[str, tuple[list[type], type | None]] = {
     "w4_gemm_isa": ([], _I),
     "w4_gemm_bf16": ([_P] * 4 + [_I] * 5, _I),
     "w8_gemm_bf16": ([_P] * 4 + [_I] * 4, _I),
+    "w4_gemm_f32": ([_P] * 4 + [_I] * 5, _I),
+    "w8_gemm_f32": ([_P] * 4 + [_I] * 4, _I),
     "paged_decode_bf16": ([_P] * 4 + [_I, _P, _P] + [_I] * 5 + [_F, _I], _I),
     "decode_layer_bf16": ([_P] * 4 + [_I], _I),
     "rms_norm_rows_bf16": ([_P] * 5 + [_I] * 2 + [_F, _I], None),

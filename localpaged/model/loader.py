@@ -36,17 +36,32 @@ def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
     return _DTYPES[name]
 
 
+def cpu_compute_dtype() -> tuple[torch.dtype, str]:
+    """The CPU's compute dtype for 16-bit and quantized models, and why: bfloat16 where the
+    CPU multiplies bf16 natively (AVX512-BF16, AMX), float32 elsewhere (emulated bf16 math is
+    many times slower there)."""
+    from localpaged.kernels import cpu_isa
+
+    isa = cpu_isa.chosen()
+    if cpu_isa.native_bf16(isa):
+        return torch.bfloat16, f"this CPU multiplies bf16 natively ({isa} kernels)"
+    return torch.float32, f"this CPU has no native bf16 dot products ({isa} kernels)"
+
+
 def resolve_dtype(
-    dtype: str | torch.dtype, config: ModelConfig, device: torch.device | str
+    dtype: str | torch.dtype, config: ModelConfig | None, device: torch.device | str
 ) -> torch.dtype:
-    """ "auto": the checkpoint's dtype on CUDA; on the CPU float32 for fp32 checkpoints and
-    bfloat16 for 16-bit ones. Anything else: that dtype."""
+    """ "auto": the checkpoint's dtype on CUDA (float16 for a GGUF); on the CPU float32 for
+    fp32 checkpoints, else `cpu_compute_dtype()`. Anything else: that dtype."""
     if dtype != "auto":
         return parse_dtype(dtype)
-    ckpt = parse_dtype(config.torch_dtype) if config.torch_dtype in _DTYPES else torch.float32
+    known = config is not None and config.torch_dtype in _DTYPES
+    ckpt = parse_dtype(config.torch_dtype) if known else None
     if torch.device(device).type == "cuda":
-        return ckpt
-    return torch.float32 if ckpt == torch.float32 else torch.bfloat16
+        return ckpt or torch.float16
+    if ckpt == torch.float32 or (config is not None and not known):
+        return torch.float32
+    return cpu_compute_dtype()[0]
 
 
 def create_model(config: ModelConfig, dtype: torch.dtype) -> LlamaForCausalLM:
@@ -131,6 +146,15 @@ def iter_safetensors(files: Iterable[Path]) -> Iterator[tuple[str, torch.Tensor]
                 yield name, f.get_tensor(name)
 
 
+def _cpu_4bit_float32(device: torch.device | str) -> bool:
+    """Whether 4-bit matrices computed in float32 run on the own CPU kernel here."""
+    if torch.device(device).type != "cpu":
+        return False
+    from localpaged.quant import cpu_w4
+
+    return cpu_w4.available()
+
+
 def load_model(
     path: str | Path, dtype: str | torch.dtype = "auto", device: torch.device | str = "cpu"
 ) -> tuple[LlamaForCausalLM, ModelConfig]:
@@ -142,13 +166,13 @@ def load_model(
 
         gguf = open_gguf(path)
         config = ModelConfig.from_dict(gguf.hf_config())
-        # A GGUF's own precision says nothing of the compute dtype: 16-bit by default, where
-        # its Q4_0/Q4_1 matrices stay 4-bit (torch's int4 op on the CPU, Triton on CUDA).
-        # In float32 they are dequantized once here instead (same values, dense matmuls).
-        if dtype == "auto":
-            dtype = torch.float16 if torch.device(device).type == "cuda" else torch.bfloat16
-        torch_dtype = parse_dtype(dtype)
-        weights = gguf.weights() if torch_dtype == torch.float32 else gguf.int4_weights()
+        # A GGUF's own precision says nothing of the compute dtype: by default 16-bit on
+        # CUDA, on the CPU what the CPU computes fastest. Its Q4_0/Q4_1 matrices stay 4-bit
+        # (the own CPU kernel in bf16 or float32, torch's int4 op, Triton on CUDA); where no
+        # 4-bit path takes float32 they are dequantized once here (same values, dense).
+        torch_dtype = resolve_dtype(dtype, None, device)
+        dense = torch_dtype == torch.float32 and not _cpu_4bit_float32(device)
+        weights = gguf.weights() if dense else gguf.int4_weights()
         return build_model(config, weights, torch_dtype, device), config
     config = ModelConfig.from_pretrained(path)
     weights = iter_safetensors(safetensors_files(path))  # lazy: read inside build_model

@@ -1,4 +1,4 @@
-"""The package's own CPU matmuls for quantized weights and bf16 activations
+"""The package's own CPU matmuls for quantized weights and bf16 or float32 activations
 (`localpaged/kernels/cpu/quant_gemm.c`): a weight tile is unpacked once for all rows of x, so
 a decode step of several requests reads the weight about once, where torch's int4 op unpacks
 it again every 4 rows.
@@ -17,6 +17,7 @@ from localpaged.kernels import native
 from localpaged.quant.layout import Int4Weight
 
 TILE = 16
+DTYPES = (torch.bfloat16, torch.float32)  # the activations the kernels take (and return)
 
 
 def available() -> bool:
@@ -25,9 +26,10 @@ def available() -> bool:
 
 
 def supports(w: Int4Weight, dtype: torch.dtype) -> bool:
-    """Whether `w` computed in `dtype` fits the kernel (bf16, N % 16 == 0, whole even groups)."""
+    """Whether `w` computed in `dtype` fits the kernel (bf16 or float32, N % 16 == 0, whole
+    even groups)."""
     k, n, gs = w.in_features, w.out_features, w.group_size
-    return dtype == torch.bfloat16 and n % TILE == 0 and gs % 2 == 0 and k % gs == 0
+    return dtype in DTYPES and n % TILE == 0 and gs % 2 == 0 and k % gs == 0
 
 
 def pack(w: Int4Weight) -> tuple[torch.Tensor, torch.Tensor]:
@@ -55,17 +57,19 @@ def dequantize(packed: torch.Tensor, sb: torch.Tensor) -> torch.Tensor:
 
 def _gemm(kind: str, x: torch.Tensor, packed: torch.Tensor, params: torch.Tensor,
           extra: tuple[int, ...], isa: str | None) -> torch.Tensor:
-    """Call `<kind>_gemm_bf16(x, packed, params, y, M, K, N, *extra, threads)`."""
+    """Call `<kind>_gemm_<bf16|f32>(x, packed, params, y, M, K, N, *extra, threads)`: float32
+    `x` in float32, anything else in bf16; `y` comes in the same dtype."""
     lib = native.library(isa)
     if lib is None:
         raise RuntimeError(f"the CPU {kind} kernel is not available on this machine")
-    x = x.to(torch.bfloat16).contiguous()
+    f32 = x.dtype == torch.float32
+    x = (x if f32 else x.to(torch.bfloat16)).contiguous()
     m, k = x.shape
     if packed.shape[1] * 2 != k:
         raise ValueError(f"x has {k} columns, the weight {packed.shape[1] * 2}")
     n = packed.shape[0] * TILE
-    y = torch.empty(m, n, dtype=torch.bfloat16)
-    run = getattr(lib, f"{kind}_gemm_bf16")
+    y = torch.empty(m, n, dtype=x.dtype)
+    run = getattr(lib, f"{kind}_gemm_{'f32' if f32 else 'bf16'}")
     if m and run(x.data_ptr(), packed.data_ptr(), params.data_ptr(), y.data_ptr(), m, k, n,
                  *extra, torch.get_num_threads()):
         raise MemoryError(f"the CPU {kind} kernel could not allocate its scratch memory")
@@ -74,7 +78,8 @@ def _gemm(kind: str, x: torch.Tensor, packed: torch.Tensor, params: torch.Tensor
 
 def matmul(x: torch.Tensor, packed: torch.Tensor, sb: torch.Tensor,
            isa: str | None = None) -> torch.Tensor:
-    """`x @ W.T` for bf16 `x` `[M, K]`; `isa` picks a CPU variant (default: this process's)."""
+    """`x @ W.T` for bf16 or float32 `x` `[M, K]`; `isa` picks a CPU variant (default: this
+    process's)."""
     group_size = packed.shape[1] * 2 // sb.shape[1]
     return _gemm("w4", x, packed, sb, (group_size,), isa)
 
@@ -87,5 +92,5 @@ def pack_w8(codes: torch.Tensor) -> torch.Tensor:
 
 def matmul_w8(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
               isa: str | None = None) -> torch.Tensor:
-    """`(x @ codes.T) * scales` for bf16 `x` `[M, K]` and float32 `scales` `[N]`."""
+    """`(x @ codes.T) * scales` for bf16 or float32 `x` `[M, K]` and float32 `scales` `[N]`."""
     return _gemm("w8", x, packed, scales, (), isa)

@@ -107,7 +107,8 @@ class QuantLinear(nn.Module):
         self.perm = w.perm
         fast = device.type == "cpu" and self.dtype in CPU_DTYPES and _cpu_int4_ok()
         sub = cpu_subgroup(w) if fast else None
-        own = fast and cpu_w4.supports(w, self.dtype) and cpu_w4.available()
+        # The own kernel takes bf16 and float32 activations (torch's int4 op: 16-bit only).
+        own = device.type == "cpu" and cpu_w4.supports(w, self.dtype) and cpu_w4.available()
         self.qweight = self.scales = self.zeros = None
         if own:
             self.w4_packed, self.w4_sb = cpu_w4.pack(w)
@@ -208,7 +209,7 @@ class QuantLinear(nn.Module):
         if self.perm is not None:
             x2 = x2.index_select(1, self.perm)
         if self.w4_packed is not None and (x2.shape[0] > 1 or self.cpu_packed is None):
-            y = cpu_w4.matmul(x2, self.w4_packed, self.w4_sb)
+            y = cpu_w4.matmul(x2.to(self.dtype), self.w4_packed, self.w4_sb)
         elif self.cpu_packed is not None:
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(
                 x2.to(self.dtype).contiguous(), self.cpu_packed, self.cpu_group_size,

@@ -11,8 +11,15 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
+from localpaged.kernels import cpu_isa
 from localpaged.model.config import ModelConfig
-from localpaged.model.loader import build_model, iter_safetensors, load_model, safetensors_files
+from localpaged.model.loader import (
+    build_model,
+    cpu_compute_dtype,
+    iter_safetensors,
+    load_model,
+    safetensors_files,
+)
 from localpaged.model.rope import build_cos_sin
 
 BLOCK = 8
@@ -136,15 +143,31 @@ def test_16bit_checkpoint(ckpt_dtype: torch.dtype, tmp_path: Path, step_builder,
                           hf_logits) -> None:
     folder = _save(_hf_config(), tmp_path / "m", ckpt_dtype)
     ids = list(range(3, 40))
-    auto, config = load_model(folder)  # CPU "auto": bfloat16 for 16-bit checkpoints
+    auto, config = load_model(folder)  # CPU "auto": bf16 where the CPU has it, else float32
     assert config.torch_dtype == str(ckpt_dtype).removeprefix("torch.")
-    assert auto.dtype == torch.bfloat16
-    assert auto.model.layers[0].mlp.up_proj.weight.dtype == torch.bfloat16
+    assert auto.dtype == cpu_compute_dtype()[0]
+    assert auto.model.layers[0].mlp.up_proj.weight.dtype == auto.dtype
     fp32, _ = load_model(folder, dtype="float32")
     ref = hf_logits(folder, ids)  # HF upcasts the 16-bit weights to fp32
     torch.testing.assert_close(_logits(fp32, ids, step_builder), ref, atol=1e-5, rtol=0)
-    got = _logits(auto, ids, step_builder)
+    got = _logits(load_model(folder, dtype="bfloat16")[0], ids, step_builder)
     assert (got - ref).abs().max() < 0.05 * ref.abs().max()
+
+
+@pytest.mark.parametrize(("isa", "dtype"), [
+    ("generic", torch.float32), ("avx2", torch.float32), ("avx512", torch.float32),
+    ("avx512bf16", torch.bfloat16), ("amx", torch.bfloat16)])
+def test_auto_computes_in_bf16_only_where_the_cpu_has_it(
+        isa: str, dtype: torch.dtype, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    if isa not in cpu_isa.supported():
+        pytest.skip(f"this CPU cannot execute the {isa} build")
+    monkeypatch.setenv(cpu_isa.ENV, isa)
+    assert cpu_compute_dtype()[0] == dtype
+    folder = _save(_hf_config(), tmp_path / "m", torch.bfloat16)
+    assert load_model(folder)[0].dtype == dtype
+    assert load_model(folder, dtype="bfloat16")[0].dtype == torch.bfloat16  # asked: wins
+    fp32 = _save(_hf_config(), tmp_path / "f", torch.float32)
+    assert load_model(fp32)[0].dtype == torch.float32  # a float32 checkpoint stays float32
 
 
 def test_bad_tensors_are_named(tiny_llama: Path) -> None:

@@ -111,7 +111,7 @@ def test_plan_is_not_built_for_float32_or_without_the_kernel(
 @pytest.mark.smollm
 def test_native_decode_matches_the_torch_layers_on_smollm(smollm_gguf: Path,
                                                            cpu_variant: str) -> None:
-    model, _ = load_model(smollm_gguf)
+    model, _ = load_model(smollm_gguf, dtype="bfloat16")  # the native layer is bf16
     done = optimize_for_inference(model, torch.device("cpu"))
     assert done["native_decode"] == 1
     chat = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 30, 2, 198, 1, 4093, 198, 1780,

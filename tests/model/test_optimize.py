@@ -57,15 +57,19 @@ BF16_LOGPROB_GAP = 0.3
 
 @pytest.fixture(scope="module")
 def smollm_float32_logprobs(smollm_gguf: Path) -> torch.Tensor:
-    """The chat prompt's log-probabilities in float32 (the Q4_1 weights dequantized exactly)."""
-    model, _ = load_model(smollm_gguf, dtype="float32")
+    """The chat prompt's log-probabilities in float32 (the Q4_1 weights dequantized exactly,
+    torch's ops only)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("LOCALPAGED_CPU_KERNELS", "off")
+        model, _ = load_model(smollm_gguf, dtype="float32")
+    assert not isinstance(model.model.layers[0].self_attn.q_proj, QuantLinear)
     return torch.log_softmax(model.compute_logits(_hidden(model, CHAT)), -1)
 
 
 @pytest.mark.smollm
 def test_optimized_4bit_smollm_stays_close_to_float32(
         smollm_gguf: Path, smollm_float32_logprobs: torch.Tensor, cpu_variant: str) -> None:
-    fast, _ = load_model(smollm_gguf)  # auto: bfloat16 compute, Q4_1 matrices kept 4-bit
+    fast, _ = load_model(smollm_gguf, dtype="bfloat16")  # Q4_1 matrices kept 4-bit
     done = optimize_for_inference(fast, torch.device("cpu"))
     assert cpu_w4.available()  # the variant builds and loads here
     assert done["native_decode"] == 1  # the own kernel serves every batch, decode natively
@@ -88,3 +92,15 @@ def test_optimized_4bit_smollm_stays_close_to_float32(
         margin = ref[flipped, top[flipped]] - ref[flipped, got.argmax(-1)[flipped]]
         assert (margin < 2 * BF16_LOGPROB_GAP).all(), margin
         assert got[-1].argmax() == top[-1]  # the next token of the answer
+
+
+@pytest.mark.smollm
+def test_float32_4bit_smollm_equals_float32_up_to_summation_order(
+        smollm_gguf: Path, smollm_float32_logprobs: torch.Tensor, cpu_variant: str) -> None:
+    """CPUs without native bf16 compute in float32 with the weights still 4-bit: the same
+    numbers as the dequantized float32 model, summed in another order."""
+    model, _ = load_model(smollm_gguf, dtype="float32")
+    optimize_for_inference(model, torch.device("cpu"))
+    assert model.model.layers[0].self_attn.qkv_proj.w4_packed is not None
+    got = torch.log_softmax(model.compute_logits(_hidden(model, CHAT)), -1)
+    torch.testing.assert_close(got, smollm_float32_logprobs, rtol=0, atol=2e-3)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from localpaged.model.loader import load_model
+from localpaged.model.loader import cpu_compute_dtype, load_model
 from localpaged.model.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.smollm
@@ -50,11 +50,16 @@ def test_smollm_gguf_loads_like_hf(smollm_gguf: Path, smollm_hf_dir: Path, step_
     torch.testing.assert_close(got, hf_logits(smollm_hf_dir, ids), atol=2e-4, rtol=1e-4)
 
 
-def test_smollm_gguf_auto_dtype_keeps_q4_weights_4bit(smollm_gguf: Path) -> None:
-    """By default a GGUF loads for 16-bit compute with its Q4_1 matrices still 4-bit."""
+@pytest.mark.parametrize("dtype", ["auto", "float32"])
+def test_smollm_gguf_keeps_q4_weights_4bit(smollm_gguf: Path, dtype: str) -> None:
+    """A GGUF loads for the CPU's compute dtype (bf16 where it is native, else float32), and
+    in float32 too, with its Q4_1 matrices still 4-bit on the own kernel."""
+    from localpaged.quant import cpu_w4
     from localpaged.quant.linear import QuantLinear
 
-    model, _ = load_model(smollm_gguf)
-    assert model.dtype == torch.bfloat16
+    model, _ = load_model(smollm_gguf, dtype=dtype)
+    assert model.dtype == (cpu_compute_dtype()[0] if dtype == "auto" else torch.float32)
     proj = model.model.layers[0].self_attn.q_proj
     assert isinstance(proj, QuantLinear)
+    if model.dtype == torch.float32:
+        assert cpu_w4.available() and proj.w4_packed is not None and proj.qweight is None

@@ -37,17 +37,23 @@ def test_pack_then_dequantize_gives_back_the_weight() -> None:
                                rtol=0, atol=1e-6)
 
 
+# What each activation dtype allows against a float32 matmul: bf16 output (and, with AMX, the
+# weight rounded to bf16 as a dense copy would be); in float32 only the order of summation.
+TOLERANCE = {torch.bfloat16: 2**-6, torch.float32: 2**-18}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "f32"])
 @pytest.mark.parametrize("rows", [1, 2, 7, 8, 9, 16, 17, 40])
 @pytest.mark.parametrize(("k", "n", "group"), [(64, 32, 32), (256, 80, 64), (128, 48, 128)])
-def test_matmul_equals_the_dequantized_weight(cpu_variant: str, rows: int, k: int, n: int,
-                                              group: int) -> None:
+def test_matmul_equals_the_dequantized_weight(cpu_variant: str, dtype: torch.dtype, rows: int,
+                                              k: int, n: int, group: int) -> None:
     w = _weight(k, n, group, rows)
     packed, sb = cpu_w4.pack(w)
-    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(k + rows)).to(torch.bfloat16)
-    got = cpu_w4.matmul(x, packed, sb).float()
-    ref = x.float() @ cpu_w4.dequantize(packed, sb).t()
-    # bf16 output (and, with AMX, the weight rounded to bf16 as a dense copy would be)
-    assert (got - ref).abs().max() <= 2**-6 * ref.abs().max()
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(k + rows)).to(dtype)
+    got = cpu_w4.matmul(x, packed, sb)
+    assert got.dtype == dtype
+    ref = x.double() @ cpu_w4.dequantize(packed, sb).double().t()
+    assert (got.double() - ref).abs().max() <= TOLERANCE[dtype] * ref.abs().max()
 
 
 def test_matmul_checks_the_input_width() -> None:
@@ -102,15 +108,17 @@ def test_quant_linear_on_the_kernel_agrees_with_torchs_int4_op(
     assert (a - b).abs().max() <= 2**-6 * b.abs().max()
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "f32"])
 @pytest.mark.parametrize("rows", [1, 5, 16, 33])
-def test_w8_matmul_equals_the_int8_product(cpu_variant: str, rows: int) -> None:
+def test_w8_matmul_equals_the_int8_product(cpu_variant: str, dtype: torch.dtype, rows: int) -> None:
     g = torch.Generator().manual_seed(rows)
     codes = torch.randint(-127, 128, (96, 64), generator=g, dtype=torch.int8)
     scales = torch.rand(96, generator=g) * 0.01
-    x = torch.randn(rows, 64, generator=g).to(torch.bfloat16)
-    got = cpu_w4.matmul_w8(x, cpu_w4.pack_w8(codes), scales).float()
-    ref = (x.float() @ codes.float().t()) * scales
-    assert (got - ref).abs().max() <= 2**-7 * ref.abs().max()
+    x = torch.randn(rows, 64, generator=g).to(dtype)
+    got = cpu_w4.matmul_w8(x, cpu_w4.pack_w8(codes), scales)
+    assert got.dtype == dtype
+    ref = (x.double() @ codes.double().t()) * scales.double()
+    assert (got.double() - ref).abs().max() <= TOLERANCE[dtype] / 2 * ref.abs().max()
 
 
 @pytest.mark.parametrize("isa", cpu_isa.ISAS)

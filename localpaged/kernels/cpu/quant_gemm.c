@@ -42,7 +42,29 @@
 #define PREFETCH_BYTES 1024
 #endif
 
-/* Sum of each group of each row of x, in float32: xs[m][g]. */
+/* Sum of each group of each row of float x: xs[m][g]. */
+static void group_sums_f32(const float *x, int m_rows, int k, int gs, float *xs) {
+    int groups = k / gs;
+    for (int m = 0; m < m_rows; m++)
+        for (int g = 0; g < groups; g++) {
+            float s = 0.f;
+            const float *xp = x + (size_t)m * k + (size_t)g * gs;
+            for (int i = 0; i < gs; i++) s += xp[i];
+            xs[(size_t)m * groups + g] = s;
+        }
+}
+
+/* bf16 rows as float32 (the plain-C paths compute on float rows). */
+static float *rows_to_f32(const uint16_t *x, size_t count) {
+    float *out = malloc(sizeof(float) * (count ? count : 1));
+    if (out != NULL)
+        for (size_t i = 0; i < count; i++) out[i] = bf16_to_f32(x[i]);
+    return out;
+}
+
+#ifdef W4_AVX512BF16
+
+/* Sum of each group of each row of bf16 x, in float32: xs[m][g]. */
 static void group_sums(const uint16_t *x, int m_rows, int k, int gs, float *xs) {
     int groups = k / gs;
     for (int m = 0; m < m_rows; m++)
@@ -53,8 +75,6 @@ static void group_sums(const uint16_t *x, int m_rows, int k, int gs, float *xs) 
             xs[(size_t)m * groups + g] = s;
         }
 }
-
-#ifdef W4_AVX512BF16
 
 static inline __m512 load_f16x16(const uint16_t *p) {
     return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
@@ -112,8 +132,8 @@ static inline __attribute__((always_inline)) void tile_rows_n(const uint8_t *wp,
         _mm256_storeu_si256((__m256i *)(y + (size_t)m * n), (__m256i)_mm512_cvtneps_pbh(acc[m]));
 }
 
-static void tile_rows(const uint8_t *wp, const uint16_t *sbp, const uint16_t *x, const float *xs,
-                      uint16_t *y, int rows, int k, int n, int gs) {
+static void tile_rows_bf16(const uint8_t *wp, const uint16_t *sbp, const uint16_t *x,
+                           const float *xs, uint16_t *y, int rows, int k, int n, int gs) {
     switch (rows) {
 #define W4_CASE(r) case r: tile_rows_n(wp, sbp, x, xs, y, r, k, n, gs); break;
         W4_CASE(1) W4_CASE(2) W4_CASE(3) W4_CASE(4) W4_CASE(5) W4_CASE(6) W4_CASE(7) W4_CASE(8)
@@ -121,26 +141,30 @@ static void tile_rows(const uint8_t *wp, const uint16_t *sbp, const uint16_t *x,
     }
 }
 
-#else
+#endif
 
-/* Plain C: for each pair of K, the two codes of the 16 columns become floats once, then every
- * row takes its two products; per group, the scale and offset are applied in float32. */
-static inline void tile_rows(const uint8_t *wp, const uint16_t *sbp, const uint16_t *x,
-                             const float *xs, uint16_t *y, int rows, int k, int n, int gs) {
+/* Plain C, on float rows: for each pair of K, the two codes of the 16 columns become floats
+ * once, then every row takes its two products; per group, the scale and offset are applied.
+ * Inlined once per row count, so the compiler keeps the sums in registers. */
+static inline __attribute__((always_inline)) void tile_rows_f32_n(
+        const uint8_t *wp, const uint16_t *sbp, const float *x, const float *xs,
+        float acc[MAX_ROWS][TILE], int rows, int k, int gs) {
     const int groups = k / gs, pairs = gs / 2;
-    float acc[MAX_ROWS][TILE], dot[MAX_ROWS][TILE], lo[TILE], hi[TILE], s[TILE], b[TILE];
-    memset(acc, 0, sizeof acc);
+    float dot[MAX_ROWS][TILE], lo[TILE], hi[TILE], s[TILE], b[TILE];
+    for (int m = 0; m < rows; m++)
+        for (int j = 0; j < TILE; j++) acc[m][j] = 0.f;
     for (int g = 0; g < groups; g++) {
-        memset(dot, 0, sizeof dot);
+        for (int m = 0; m < rows; m++)
+            for (int j = 0; j < TILE; j++) dot[m][j] = 0.f;
         const uint8_t *gp = wp + (size_t)g * pairs * TILE;
+        const float *xg = x + (size_t)g * gs;
         for (int p = 0; p < pairs; p++) {
             for (int j = 0; j < TILE; j++) {
                 lo[j] = (float)(gp[p * TILE + j] & 15);
                 hi[j] = (float)(gp[p * TILE + j] >> 4);
             }
             for (int m = 0; m < rows; m++) {
-                const uint16_t *xm = x + (size_t)m * k + g * gs + 2 * p;
-                const float x0 = bf16_to_f32(xm[0]), x1 = bf16_to_f32(xm[1]);
+                const float x0 = xg[(size_t)m * k + 2 * p], x1 = xg[(size_t)m * k + 2 * p + 1];
                 for (int j = 0; j < TILE; j++) dot[m][j] += lo[j] * x0 + hi[j] * x1;
             }
         }
@@ -154,11 +178,47 @@ static inline void tile_rows(const uint8_t *wp, const uint16_t *sbp, const uint1
             for (int j = 0; j < TILE; j++) acc[m][j] += s[j] * dot[m][j] + b[j] * sx;
         }
     }
-    for (int m = 0; m < rows; m++)
-        for (int j = 0; j < TILE; j++) y[(size_t)m * n + j] = f32_to_bf16(acc[m][j]);
 }
 
-#endif
+static void tile_rows_f32(const uint8_t *wp, const uint16_t *sbp, const float *x, const float *xs,
+                          float acc[MAX_ROWS][TILE], int rows, int k, int gs) {
+    switch (rows) {
+#define W4F_CASE(r) case r: tile_rows_f32_n(wp, sbp, x, xs, acc, r, k, gs); break;
+        W4F_CASE(1) W4F_CASE(2) W4F_CASE(3) W4F_CASE(4) W4F_CASE(5) W4F_CASE(6) W4F_CASE(7)
+        W4F_CASE(8)
+#undef W4F_CASE
+    }
+}
+
+/* y = x @ W.T on float rows x, y bf16 (`y_bf16`) or float32: the plain-C path. */
+static int w4_gemm_rows_f32(const float *x, const uint8_t *packed, const uint16_t *sb, void *y,
+                            int y_bf16, int m_rows, int k, int n, int gs, int threads) {
+    const int groups = k / gs, tiles = n / TILE;
+    float *xs = malloc(sizeof(float) * ((size_t)m_rows * groups + 1));
+    if (xs == NULL) return -1;
+    group_sums_f32(x, m_rows, k, gs, xs);
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int t = 0; t < tiles; t++) {
+        const uint8_t *wp = packed + (size_t)t * (k / 2) * TILE;
+        const uint16_t *sbp = sb + (size_t)t * groups * 2 * TILE;
+        float acc[MAX_ROWS][TILE];
+        for (int m0 = 0; m0 < m_rows; m0 += MAX_ROWS) {
+            const int rows = m_rows - m0 < MAX_ROWS ? m_rows - m0 : MAX_ROWS;
+            tile_rows_f32(wp, sbp, x + (size_t)m0 * k, xs + (size_t)m0 * groups, acc, rows, k, gs);
+            for (int m = 0; m < rows; m++) {
+                const size_t at = (size_t)(m0 + m) * n + (size_t)t * TILE;
+                for (int j = 0; j < TILE; j++) {
+                    if (y_bf16)
+                        ((uint16_t *)y)[at + j] = f32_to_bf16(acc[m][j]);
+                    else
+                        ((float *)y)[at + j] = acc[m][j];
+                }
+            }
+        }
+    }
+    free(xs);
+    return 0;
+}
 
 #if defined(W4_AVX512BF16) && defined(__AMX_TILE__) && defined(__AMX_BF16__)
 #define W4_AMX 1
@@ -311,12 +371,13 @@ int w4_gemm_isa(void) {
  * Returns 0, or -1 when scratch memory cannot be had. */
 int w4_gemm_bf16(const uint16_t *x, const uint8_t *packed, const uint16_t *sb, uint16_t *y,
                  int m_rows, int k, int n, int gs, int threads) {
-    const int groups = k / gs, tiles = n / TILE;
 #ifdef W4_AMX
     if (m_rows >= AMX_MIN_ROWS && k % 32 == 0 && amx_allowed())
         return gemm_amx(x, packed, sb, NULL, y, m_rows, k, n, gs, threads);
 #endif
-    float *xs = malloc(sizeof(float) * (size_t)m_rows * groups);
+#ifdef W4_AVX512BF16
+    const int groups = k / gs, tiles = n / TILE;
+    float *xs = malloc(sizeof(float) * ((size_t)m_rows * groups + 1));
     if (xs == NULL) return -1;
     group_sums(x, m_rows, k, gs, xs);
 #pragma omp parallel for num_threads(threads) schedule(static)
@@ -325,12 +386,60 @@ int w4_gemm_bf16(const uint16_t *x, const uint8_t *packed, const uint16_t *sb, u
         const uint16_t *sbp = sb + (size_t)t * groups * 2 * TILE;
         for (int m0 = 0; m0 < m_rows; m0 += MAX_ROWS) {
             const int rows = m_rows - m0 < MAX_ROWS ? m_rows - m0 : MAX_ROWS;
-            tile_rows(wp, sbp, x + (size_t)m0 * k, xs + (size_t)m0 * groups,
-                      y + (size_t)m0 * n + (size_t)t * TILE, rows, k, n, gs);
+            tile_rows_bf16(wp, sbp, x + (size_t)m0 * k, xs + (size_t)m0 * groups,
+                           y + (size_t)m0 * n + (size_t)t * TILE, rows, k, n, gs);
         }
     }
     free(xs);
     return 0;
+#else
+    float *xf = rows_to_f32(x, (size_t)m_rows * k);
+    if (xf == NULL) return -1;
+    int rc = w4_gemm_rows_f32(xf, packed, sb, y, 1, m_rows, k, n, gs, threads);
+    free(xf);
+    return rc;
+#endif
+}
+
+/* The same for float32 x and y (CPUs without native bf16 compute in float32). */
+int w4_gemm_f32(const float *x, const uint8_t *packed, const uint16_t *sb, float *y,
+                int m_rows, int k, int n, int gs, int threads) {
+    return w4_gemm_rows_f32(x, packed, sb, y, 0, m_rows, k, n, gs, threads);
+}
+
+/* y = (x @ codes.T) * scale on float rows, y bf16 (`y_bf16`) or float32: the plain-C path,
+ * each pair of weight rows made float once for up to MAX_ROWS rows of x. */
+static void w8_gemm_rows_f32(const float *x, const int8_t *packed, const float *scale, void *y,
+                             int y_bf16, int m_rows, int k, int n, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int t = 0; t < n / TILE; t++) {
+        const int8_t *wp = packed + (size_t)t * k * TILE;
+        float acc[MAX_ROWS][TILE], w0[TILE], w1[TILE];
+        for (int m0 = 0; m0 < m_rows; m0 += MAX_ROWS) {
+            const int rows = m_rows - m0 < MAX_ROWS ? m_rows - m0 : MAX_ROWS;
+            memset(acc, 0, sizeof acc);
+            for (int p = 0; p < k / 2; p++) {
+                for (int j = 0; j < TILE; j++) {
+                    w0[j] = (float)wp[(size_t)p * 2 * TILE + j];
+                    w1[j] = (float)wp[(size_t)p * 2 * TILE + TILE + j];
+                }
+                for (int m = 0; m < rows; m++) {
+                    const float *xm = x + (size_t)(m0 + m) * k + 2 * p;
+                    for (int j = 0; j < TILE; j++) acc[m][j] += w0[j] * xm[0] + w1[j] * xm[1];
+                }
+            }
+            for (int m = 0; m < rows; m++) {
+                const size_t at = (size_t)(m0 + m) * n + (size_t)t * TILE;
+                for (int j = 0; j < TILE; j++) {
+                    const float v = acc[m][j] * scale[t * TILE + j];
+                    if (y_bf16)
+                        ((uint16_t *)y)[at + j] = f32_to_bf16(v);
+                    else
+                        ((float *)y)[at + j] = v;
+                }
+            }
+        }
+    }
 }
 
 /* y[M][N] = (x[M][K] @ codes.T) * scale[N] for int8 codes in tiles: int8 [N/16][K/2][2][16]
@@ -342,21 +451,16 @@ int w8_gemm_bf16(const uint16_t *x, const int8_t *packed, const float *scale, ui
     if (k % 32 == 0 && amx_allowed())
         return gemm_amx(x, packed, NULL, scale, y, m_rows, k, n, 0, threads);
 #endif
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int t = 0; t < n / TILE; t++) {
-        const int8_t *wp = packed + (size_t)t * k * TILE;
-        for (int m = 0; m < m_rows; m++) {
-            const uint16_t *xm = x + (size_t)m * k;
-            float acc[TILE] = {0};
-            for (int p = 0; p < k / 2; p++) {
-                const float x0 = bf16_to_f32(xm[2 * p]), x1 = bf16_to_f32(xm[2 * p + 1]);
-                for (int j = 0; j < TILE; j++)
-                    acc[j] += (float)wp[(size_t)p * 2 * TILE + j] * x0 +
-                              (float)wp[(size_t)p * 2 * TILE + TILE + j] * x1;
-            }
-            for (int j = 0; j < TILE; j++)
-                y[(size_t)m * n + (size_t)t * TILE + j] = f32_to_bf16(acc[j] * scale[t * TILE + j]);
-        }
-    }
+    float *xf = rows_to_f32(x, (size_t)m_rows * k);
+    if (xf == NULL) return -1;
+    w8_gemm_rows_f32(xf, packed, scale, y, 1, m_rows, k, n, threads);
+    free(xf);
+    return 0;
+}
+
+/* The same for float32 x and y. */
+int w8_gemm_f32(const float *x, const int8_t *packed, const float *scale, float *y,
+                int m_rows, int k, int n, int threads) {
+    w8_gemm_rows_f32(x, packed, scale, y, 0, m_rows, k, n, threads);
     return 0;
 }

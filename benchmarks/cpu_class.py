@@ -1,0 +1,42 @@
+"""What a benchmark prints about the CPU, and how it makes torch compute like another CPU class.
+
+A forced kernel variant (`LOCALPAGED_CPU_ISA`) only changes the package's own kernels; torch's
+ops would still use everything this CPU has (oneDNN's AMX or AVX512-BF16 matmuls, ATen's
+AVX-512 loops). `torch_env(isa)` holds them to the same class, so a run of the avx2 variant on
+a bigger machine computes what an AVX2 machine would (its speed still differs: cache, clocks).
+"""
+
+from __future__ import annotations
+
+import platform
+
+from localpaged.kernels import cpu_isa
+
+_TORCH_CLASS = {
+    "generic": {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41"},
+    "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
+    "avx512": {"ATEN_CPU_CAPABILITY": "avx512", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_VNNI"},
+    "avx512bf16": {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"},
+    "amx": {},
+}
+
+
+def torch_env(isa: str) -> dict[str, str]:
+    """Environment variables that keep torch's CPU kernels to the class of variant `isa`."""
+    return dict(_TORCH_CLASS[isa])
+
+
+def describe_cpu() -> str:
+    """The CPU's model, its vector flags and the variants it can run, for a benchmark's header."""
+    model = "?"
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")),
+                         platform.processor() or "?")
+    except OSError:
+        pass
+    vector = sorted(f for f in cpu_isa.cpu_flags()
+                    if f.startswith(("avx", "amx", "fma", "f16c", "asimd", "sve")))
+    return (f"CPU: {model} | flags: {' '.join(vector) or '-'}\n"
+            f"kernel variants this CPU runs: {', '.join(cpu_isa.supported())} "
+            f"(default: {cpu_isa.best()})")
