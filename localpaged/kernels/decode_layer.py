@@ -3,8 +3,8 @@
 with no torch op in between. For a small model the some sixty torch ops of a layer cost more
 than its matmuls; this path leaves the matmuls and little else.
 
-`CpuDecodePlan.build(model)` returns a plan when every layer qualifies (bf16, fused q/k/v and
-gate/up on the own 4-bit kernel, no act-order); the model runs decode-only steps through
+`CpuDecodePlan.build(model)` returns a plan when every layer qualifies (bf16 or float32, fused
+q/k/v and gate/up on the own 4-bit kernel, no act-order); the model runs decode-only steps through
 `plan.run` and everything else (prefill, mixed steps) through its modules.
 """
 
@@ -18,6 +18,8 @@ import torch
 from localpaged.kernels import native
 from localpaged.kernels.attention import AttentionMetadata
 from localpaged.kernels.attention_cpu import MAX_HEAD_DIM, MAX_QUERY_HEADS_PER_KV_HEAD
+
+DTYPES = (torch.bfloat16, torch.float32)  # the kernel's builds: the model's activations and KV
 
 
 class _W4(ctypes.Structure):
@@ -44,7 +46,7 @@ def _w4(linear: Any) -> _W4 | None:
     if getattr(linear, "w4_packed", None) is None or linear.perm is not None:
         return None
     bias = linear.bias
-    if bias is not None and bias.dtype != torch.bfloat16:
+    if bias is not None and bias.dtype != linear.dtype:
         return None
     k = linear.in_features
     return _W4(linear.w4_packed.data_ptr(), linear.w4_sb.data_ptr(),
@@ -62,14 +64,16 @@ class CpuDecodePlan:
         self.shape = dict(hidden=c.hidden_size, heads=c.num_heads, kv_heads=c.num_kv_heads,
                           head_dim=c.head_dim, intermediate=c.intermediate_size)
         self.eps, self.scale = c.rms_norm_eps, c.head_dim**-0.5
-        self.fn = native.library().decode_layer_bf16
+        self.dtype = model.dtype
+        suffix = "bf16" if model.dtype == torch.bfloat16 else "f32"
+        self.fn = getattr(native.library(), f"decode_layer_{suffix}")
 
     @classmethod
     def build(cls, model: Any) -> CpuDecodePlan | None:
         """A plan for `model` (a localpaged Llama model on the CPU), or None if any layer
         does not qualify or the kernel does not build here."""
         c = model.config
-        if (model.dtype != torch.bfloat16 or c.head_dim > MAX_HEAD_DIM or c.head_dim % 2
+        if (model.dtype not in DTYPES or c.head_dim > MAX_HEAD_DIM or c.head_dim % 2
                 or c.num_heads % c.num_kv_heads
                 or c.num_heads // c.num_kv_heads > MAX_QUERY_HEADS_PER_KV_HEAD
                 or not native.available()):
@@ -83,7 +87,7 @@ class CpuDecodePlan:
             if any(v is None for v in views):
                 return None
             norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
-            if any(w.dtype != torch.bfloat16 or not w.is_contiguous() for w in norms):
+            if any(w.dtype != model.dtype or not w.is_contiguous() for w in norms):
                 return None
             layers.append(_Layer(norms[0].data_ptr(), norms[1].data_ptr(), *views, None, None))
         return cls(model, layers)
@@ -92,11 +96,11 @@ class CpuDecodePlan:
             kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata,
             ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(output, residual) of the last layer for a decode-only step, or None when the
-        caches are not in the form the kernel reads (bf16, contiguous)."""
+        caches are not in the form the kernel reads (the model's dtype, contiguous)."""
         k0 = kv_caches[0][0]
-        if k0.dtype != torch.bfloat16 or not k0.is_contiguous() or hidden.device.type != "cpu":
+        if k0.dtype != self.dtype or not k0.is_contiguous() or hidden.device.type != "cpu":
             return None
-        x = hidden.to(torch.bfloat16).contiguous().clone()
+        x = hidden.to(self.dtype).contiguous().clone()
         residual = torch.empty_like(x)
         rows = cos_sin.index_select(0, positions).float().contiguous()
         tables = meta.block_tables.to(torch.int32).contiguous()

@@ -28,7 +28,7 @@ def optimize_for_inference(model: nn.Module, device: torch.device) -> dict[str, 
     model.fuse_projections()
     done = {"dense_copies": 0, "dense_copy_bytes": 0, "int8_lm_head": 0, "int8_lm_head_bytes": 0,
             "single_row_copies": 0, "single_row_bytes": 0, "native_decode": 0}
-    if device.type != "cpu" or model.dtype not in (torch.bfloat16, torch.float16):
+    if device.type != "cpu" or model.dtype not in (torch.bfloat16, torch.float16, torch.float32):
         return done
     from localpaged.quant.int8_linear import Int8Linear
     from localpaged.quant.linear import QuantLinear
@@ -41,6 +41,8 @@ def optimize_for_inference(model: nn.Module, device: torch.device) -> dict[str, 
 
     model.cpu_decode = CpuDecodePlan.build(model)
     done["native_decode"] = int(model.cpu_decode is not None)
+    if model.dtype == torch.float32:
+        return done  # float32 keeps the file's numbers: no int8 head, no 16-bit copies
     # Layers on the own kernel: torch's int4 op is a little faster for one row, so without the
     # native decode path (a lone chat's decode steps run the torch layers) its packing stays
     # beside it while that is cheap.

@@ -6,8 +6,8 @@
  * head dimension are `omp simd`, vectorized by the compiler for the CPU it builds on; with
  * AVX512-BF16 the scores are VDPBF16PS dot products of the bf16 query and key rows.
  *
- *   q        bf16 [B][Hq][D]          out bf16 [B][Hq][D]
- *   k_cache  bf16 [blocks][bs][Hkv][D], v_cache likewise
+ *   q        T [B][Hq][D]             out T [B][Hq][D]      (T: bf16, or float32)
+ *   k_cache  T [blocks][bs][Hkv][D], v_cache likewise
  *   tables   int32 [B][table_stride]  block ids of each request, in order
  *   seq_lens int32 [B]                context length of each request (including this token)
  */
@@ -46,8 +46,8 @@ static inline float exp_nonpositive(float x) {
 
 /* q . k * scale: from the float32 query row `qf`, or (AVX512-BF16, dim % 32 == 0) straight
  * from the bf16 query `qb` with VDPBF16PS (products exact, sums in float32). */
-static inline float dot_scaled(const float *qf, const uint16_t *qb, const uint16_t *kp, int dim,
-                               float scale) {
+static inline float dot_scaled_bf16(const float *qf, const uint16_t *qb, const uint16_t *kp,
+                                    int dim, float scale) {
 #ifdef PD_AVX512BF16
     if (dim % 32 == 0) {
         __m512 acc = _mm512_setzero_ps();
@@ -65,85 +65,32 @@ static inline float dot_scaled(const float *qf, const uint16_t *qb, const uint16
     return s;
 }
 
+static inline float dot_scaled_f32(const float *qf, const float *qb, const float *kp, int dim,
+                                   float scale) {
+    (void)qb;
+    (void)scale;
+    float s = 0.f;
+#pragma omp simd reduction(+ : s)
+    for (int d = 0; d < dim; d++) s += qf[d] * kp[d];
+    return s;
+}
+
+static inline float as_f32(float v) { return v; }
+
 #define MAX_REP 16  /* query heads per KV head */
 #define MAX_DIM 256 /* head dimension */
 
-/* Returns 0, -1 when scratch memory cannot be had, -2 for shapes past the limits above. */
-int paged_decode_bf16(const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache,
-                      const int32_t *tables, int table_stride, const int32_t *seq_lens,
-                      uint16_t *out, int batch, int heads, int kv_heads, int dim, int block_size,
-                      float scale, int threads) {
-    const int rep = heads / kv_heads;
-    if (rep > MAX_REP || dim > MAX_DIM) return -2;
-    int max_len = 1;
-    for (int b = 0; b < batch; b++) max_len = seq_lens[b] > max_len ? seq_lens[b] : max_len;
-    int failed = 0;
-#pragma omp parallel num_threads(threads)
-    {
-        float *scores = malloc(sizeof(float) * (size_t)rep * max_len);
-        if (scores == NULL) {
-#pragma omp atomic write
-            failed = 1;
-        }
-#pragma omp for collapse(2) schedule(dynamic)
-        for (int b = 0; b < batch; b++)
-            for (int h = 0; h < kv_heads; h++) {
-                if (scores == NULL) continue;
-                const int len = seq_lens[b];
-                const int32_t *table = tables + (size_t)b * table_stride;
-                const size_t row = (size_t)kv_heads * dim; /* one token's keys, all heads */
-                float qf[MAX_REP][MAX_DIM], acc[MAX_REP][MAX_DIM];
-                for (int r = 0; r < rep; r++) {
-                    const uint16_t *qp = q + ((size_t)b * heads + (size_t)h * rep + r) * dim;
-                    for (int d = 0; d < dim; d++) qf[r][d] = bf16_to_f32(qp[d]) * scale;
-                }
-                const uint16_t *q0 = q + ((size_t)b * heads + (size_t)h * rep) * dim;
-                /* keys block by block: no division per key */
-                for (int t0 = 0; t0 < len; t0 += block_size) {
-                    const uint16_t *kb = k_cache + (size_t)table[t0 / block_size] * block_size * row
-                                         + (size_t)h * dim;
-                    const int n = len - t0 < block_size ? len - t0 : block_size;
-                    for (int i = 0; i < n; i++)
-                        for (int r = 0; r < rep; r++)
-                            scores[(size_t)r * len + t0 + i] =
-                                dot_scaled(qf[r], q0 + (size_t)r * dim, kb + (size_t)i * row, dim,
-                                           scale);
-                }
-                float total[MAX_REP];
-                for (int r = 0; r < rep; r++) {
-                    float *sr = scores + (size_t)r * len, top = sr[0], sum = 0.f;
-                    for (int t = 1; t < len; t++) top = sr[t] > top ? sr[t] : top;
-#pragma omp simd reduction(+ : sum)
-                    for (int t = 0; t < len; t++) {
-                        sr[t] = exp_nonpositive(sr[t] - top);
-                        sum += sr[t];
-                    }
-                    total[r] = sum;
-                    memset(acc[r], 0, sizeof(float) * dim);
-                }
-                for (int t0 = 0; t0 < len; t0 += block_size) {
-                    const uint16_t *vb = v_cache + (size_t)table[t0 / block_size] * block_size * row
-                                         + (size_t)h * dim;
-                    const int n = len - t0 < block_size ? len - t0 : block_size;
-                    for (int i = 0; i < n; i++) {
-                        const uint16_t *vp = vb + (size_t)i * row;
-                        float vf[MAX_DIM];
-#pragma omp simd
-                        for (int d = 0; d < dim; d++) vf[d] = bf16_to_f32(vp[d]);
-                        for (int r = 0; r < rep; r++) {
-                            const float p = scores[(size_t)r * len + t0 + i];
-#pragma omp simd
-                            for (int d = 0; d < dim; d++) acc[r][d] += p * vf[d];
-                        }
-                    }
-                }
-                for (int r = 0; r < rep; r++) {
-                    uint16_t *op = out + ((size_t)b * heads + (size_t)h * rep + r) * dim;
-                    const float inv = 1.f / total[r];
-                    for (int d = 0; d < dim; d++) op[d] = f32_to_bf16(acc[r][d] * inv);
-                }
-            }
-        free(scores);
-    }
-    return failed ? -1 : 0;
-}
+/* The kernel once per element type of q, the cache and out: bf16, then float32. */
+#define PD_T uint16_t
+#define PD_LOAD bf16_to_f32
+#define PD_STORE f32_to_bf16
+#define PD_DOT dot_scaled_bf16
+#define PD_NAME paged_decode_bf16
+#include "paged_decode_body.h"
+
+#define PD_T float
+#define PD_LOAD as_f32
+#define PD_STORE as_f32
+#define PD_DOT dot_scaled_f32
+#define PD_NAME paged_decode_f32
+#include "paged_decode_body.h"

@@ -1,0 +1,126 @@
+/* The body of decode_layer.c for one activation type: included once per type with DL_T, DL_SUF,
+ * DL_LOAD, DL_STORE and DL_ROUND defined (and undefined again at the end). */
+/* res_out = x (+ res_in, unless NULL); out = weight * T(res_out * rsqrt(mean(res_out^2) + eps)).
+ * res_out may be res_in (in place). */
+static void DL_FN(add_rms_norm)(const DL_T *x, const DL_T *res_in, DL_T *res_out,
+                                const DL_T *weight, DL_T *out, int rows, int dim, float eps,
+                                int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static) if (rows >= 4)
+    for (int m = 0; m < rows; m++) {
+        DL_T *r = res_out + (size_t)m * dim;
+        const DL_T *xm = x + (size_t)m * dim;
+        const DL_T *rin = res_in != NULL ? res_in + (size_t)m * dim : NULL;
+        float sq = 0.f;
+#pragma omp simd reduction(+ : sq)
+        for (int d = 0; d < dim; d++) {
+            float v = DL_LOAD(xm[d]);
+            if (rin != NULL) v = DL_ROUND(v + DL_LOAD(rin[d]));
+            r[d] = DL_STORE(v);
+            sq += v * v;
+        }
+        const float inv = 1.f / sqrtf(sq / dim + eps);
+        DL_T *o = out + (size_t)m * dim;
+#pragma omp simd
+        for (int d = 0; d < dim; d++) {
+            const float normed = DL_ROUND(DL_LOAD(r[d]) * inv);
+            o[d] = DL_STORE(DL_LOAD(weight[d]) * normed);
+        }
+    }
+}
+
+/* out = T(silu(gate)) * up, for rows of [gate | up]; silu through exp of -|g| only. */
+static void DL_FN(silu_and_mul)(const DL_T *gate_up, DL_T *out, int rows, int inter,
+                                int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static) if (rows >= 4)
+    for (int m = 0; m < rows; m++) {
+        const DL_T *gm = gate_up + (size_t)m * 2 * inter;
+        DL_T *om = out + (size_t)m * inter;
+#pragma omp simd
+        for (int j = 0; j < inter; j++) {
+            const float g = DL_LOAD(gm[j]), u = DL_LOAD(gm[inter + j]);
+            const float e = exp_nonpositive(g < 0.f ? g : -g);
+            const float sigmoid = g < 0.f ? e / (1.f + e) : 1.f / (1.f + e);
+            om[j] = DL_STORE(DL_ROUND(g * sigmoid) * u);
+        }
+    }
+}
+
+static int DL_FN(linear)(const struct w4_layer *w, const DL_T *x, DL_T *y, int rows, int threads) {
+    int rc = DL_FN(w4_gemm)(x, w->packed, w->sb, y, rows, w->k, w->n, w->group_size, threads);
+    if (rc == 0 && w->bias != NULL)
+        for (int m = 0; m < rows; m++)
+            for (int j = 0; j < w->n; j++) {
+                DL_T *v = y + (size_t)m * w->n + j;
+                *v = DL_STORE(DL_LOAD(*v) + DL_LOAD(((const DL_T *)w->bias)[j]));
+            }
+    return rc;
+}
+
+/* Rotate the first `heads` head vectors of `row` (rotate-half pairs: d and d + half). */
+static void DL_FN(rotate)(DL_T *row, int heads, int dim, const float *cos_sin) {
+    const int half = dim / 2;
+    for (int h = 0; h < heads; h++) {
+        DL_T *v = row + (size_t)h * dim;
+        for (int d = 0; d < half; d++) {
+            const float a = DL_LOAD(v[d]), b = DL_LOAD(v[d + half]);
+            const float c = cos_sin[d], s = cos_sin[half + d];
+            v[d] = DL_STORE(a * c - b * s);
+            v[d + half] = DL_STORE(b * c + a * s);
+        }
+    }
+}
+
+/* x: [batch][hidden], in: the previous layer's output (or the embeddings), out: this layer's
+ * MLP output. residual: [batch][hidden], in and out (`first`: none yet, x starts it).
+ * Returns 0, or a negative number when scratch memory cannot be had. */
+int DL_FN(decode_layer)(const struct decode_step *s, const struct decode_layer *l, DL_T *x,
+                        DL_T *residual, int first) {
+    const int b = s->batch, hd = s->head_dim;
+    const int nq = s->heads * hd, nkv = s->kv_heads * hd, nqkv = nq + 2 * nkv;
+    const size_t widest = (size_t)(nqkv > 2 * s->intermediate ? nqkv : 2 * s->intermediate);
+    DL_T *normed = malloc(sizeof(DL_T) * (size_t)b * s->hidden);
+    DL_T *wide = malloc(sizeof(DL_T) * (size_t)b * widest);
+    DL_T *narrow = malloc(sizeof(DL_T) * (size_t)b *
+                          (size_t)(nq > s->intermediate ? nq : s->intermediate));
+    DL_T *q = malloc(sizeof(DL_T) * (size_t)b * nq);
+    DL_T *k_cache = l->k_cache, *v_cache = l->v_cache;
+    int rc = -1;
+    if (normed == NULL || wide == NULL || narrow == NULL || q == NULL) goto done;
+
+    DL_FN(add_rms_norm)(x, first ? NULL : residual, residual, l->input_norm, normed, b, s->hidden,
+                        s->eps, s->threads);
+    if ((rc = DL_FN(linear)(&l->qkv, normed, wide, b, s->threads))) goto done;
+    const size_t row = (size_t)s->kv_heads * hd; /* one cache slot */
+    for (int m = 0; m < b; m++) {
+        DL_T *qkv = wide + (size_t)m * nqkv;
+        const float *cs = s->cos_sin + (size_t)m * hd;
+        DL_FN(rotate)(qkv, s->heads, hd, cs);
+        DL_FN(rotate)(qkv + nq, s->kv_heads, hd, cs);
+        memcpy(q + (size_t)m * nq, qkv, sizeof(DL_T) * nq);
+        memcpy(k_cache + (size_t)s->slots[m] * row, qkv + nq, sizeof(DL_T) * nkv);
+        memcpy(v_cache + (size_t)s->slots[m] * row, qkv + nq + nkv, sizeof(DL_T) * nkv);
+    }
+    if ((rc = DL_FN(paged_decode)(q, k_cache, v_cache, s->tables, s->table_stride, s->seq_lens,
+                                  narrow, b, s->heads, s->kv_heads, hd, s->block_size, s->scale,
+                                  s->threads)))
+        goto done;
+    if ((rc = DL_FN(linear)(&l->o, narrow, x, b, s->threads))) goto done;
+
+    DL_FN(add_rms_norm)(x, residual, residual, l->post_norm, normed, b, s->hidden, s->eps,
+                        s->threads);
+    if ((rc = DL_FN(linear)(&l->gate_up, normed, wide, b, s->threads))) goto done;
+    DL_FN(silu_and_mul)(wide, narrow, b, s->intermediate, s->threads);
+    rc = DL_FN(linear)(&l->down, narrow, x, b, s->threads);
+done:
+    free(normed);
+    free(wide);
+    free(narrow);
+    free(q);
+    return rc;
+}
+
+#undef DL_T
+#undef DL_SUF
+#undef DL_LOAD
+#undef DL_STORE
+#undef DL_ROUND
