@@ -32,6 +32,15 @@ def supports(w: Int4Weight, dtype: torch.dtype) -> bool:
     return dtype in DTYPES and n % TILE == 0 and gs % 2 == 0 and k % gs == 0
 
 
+def holds_exactly(w: Int4Weight) -> bool:
+    """Whether the kernel's float16 scales and offsets hold `w`'s exactly: GGUF Q4_0/Q4_1 do
+    (float16 in the file); AWQ/GPTQ's offsets `-zero * scale` need a few more bits, which
+    only a float32 model would notice."""
+    s = w.scales.float()
+    b = -w.zeros.float() * s
+    return bool(torch.equal(s.half().float(), s) and torch.equal(b.half().float(), b))
+
+
 def pack(w: Int4Weight) -> tuple[torch.Tensor, torch.Tensor]:
     """(`packed`, `sb`) for the kernel from `w` (rows in stored order: an act-order layer's
     input must be permuted by `w.perm` before the matmul)."""

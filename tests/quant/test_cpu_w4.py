@@ -138,3 +138,22 @@ def test_each_build_takes_the_path_it_names(cpu_variant: str) -> None:
     """2 = AMX, 1 = AVX512-BF16, 0 = plain C: each variant really runs its own path."""
     want = {"amx": 2, "avx512bf16": 1}.get(cpu_variant, 0)
     assert native.library().w4_gemm_isa() == want
+
+
+def test_float32_layers_take_the_kernel_only_where_it_holds_the_weight_exactly() -> None:
+    from localpaged.quant.linear import QuantLinear
+
+    g = torch.Generator().manual_seed(3)
+    codes = torch.randint(0, 16, (64, 32), generator=g, dtype=torch.int32)
+    s = (torch.rand(2, 32, generator=g) * 0.01 + 0.001).half().float()
+    gguf_like = from_codes(codes, s, torch.full_like(s, 8.0), 32)  # Q4_0: offset -8 * d
+    awq_like = from_codes(codes, s, torch.randint(1, 16, s.shape, generator=g).float(), 32)
+    assert cpu_w4.holds_exactly(gguf_like) and not cpu_w4.holds_exactly(awq_like)
+    own = QuantLinear.from_int4(gguf_like, None, torch.float32, "cpu")
+    kept = QuantLinear.from_int4(awq_like, None, torch.float32, "cpu")
+    assert own.w4_packed is not None and kept.w4_packed is None and kept.qweight is not None
+    x = torch.randn(3, 64, generator=g)
+    for layer, w in ((own, gguf_like), (kept, awq_like)):
+        torch.testing.assert_close(layer(x), x @ w.dequantize(torch.float32).t(),
+                                   rtol=1e-5, atol=1e-5)
+    assert QuantLinear.from_int4(awq_like, None, torch.bfloat16, "cpu").w4_packed is not None
