@@ -1,0 +1,188 @@
+"""The step-time bound in the scheduler, with a fake step-cost model (no model, no clock)."""
+
+from __future__ import annotations
+
+import pytest
+
+from localpaged.engine.kv_cache import KVCacheManager
+from localpaged.engine.request import Request, SamplingParams
+from localpaged.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from localpaged.engine.step_bound import AUTO_MULTIPLE, StepTimeBound
+from localpaged.engine.step_cost import StepCostModel, StepShape
+
+BLOCK = 16
+BUDGET = 512
+
+
+class FakeCosts:
+    """Decode-only steps: 10 ms + 1 ms a row; prefill steps: 12.05 ms + 1 ms a row + 0.1 ms a
+    prompt token. Every chunk size counts as measured already."""
+
+    mixed_prefill_seen = 10**9
+
+    def decode_step(self, s: StepShape) -> float:
+        return 0.010 + 0.001 * s.decodes
+
+    def predict(self, s: StepShape) -> float:
+        if not s.prefill_tokens:
+            return self.decode_step(s)
+        return 0.01205 + 0.001 * s.decodes + 0.0001 * s.prefill_tokens
+
+
+def scheduler(max_step_ms: float | None = None, costs: object | None = None) -> Scheduler:
+    kv = KVCacheManager(1000, BLOCK, True)
+    bound = StepTimeBound(costs or FakeCosts(), max_step_ms, BLOCK)  # type: ignore[arg-type]
+    return Scheduler(SchedulerConfig(BUDGET, 16, max_model_len=20_000), kv, bound)
+
+
+def add(s: Scheduler, rid: str, prompt_len: int, max_tokens: int = 1000) -> Request:
+    r = Request(rid, [1 + (hash(rid) + i) % 50 for i in range(prompt_len)],
+                SamplingParams(max_tokens=max_tokens, ignore_eos=True), session_id=rid)
+    s.add_request(r)
+    return r
+
+
+def run(s: Scheduler) -> tuple[SchedulerOutput, dict[str, int]]:
+    """One step; every request whose chunk reaches its end samples token 7."""
+    out = s.schedule()
+    chunks = {x.request.request_id: x.num_new_tokens for x in out.scheduled}
+    s.update_from_output(out, {x.request.request_id: 7 for x in out.scheduled if x.samples})
+    return out, chunks
+
+
+def test_chunks_shrink_while_a_chat_streams_and_grow_back_when_it_stops() -> None:
+    s = scheduler()
+    run(s)  # nothing yet
+    add(s, "A", 20, max_tokens=6)
+    run(s)  # A's prompt, alone: the whole of it
+    add(s, "B", 3000)
+    _, chunks = run(s)
+    # Target = 2 x A's decode step alone (11 ms) = 22 ms; 12.05 + 1 + 0.1 n <= 22 -> n = 89.
+    assert chunks == {"A": 1, "B": 89}
+    while "A" in s.requests:
+        _, chunks = run(s)
+        if "A" in chunks:
+            assert chunks["B"] == 89
+    _, chunks = run(s)  # A is done: B alone uses the whole budget again
+    assert chunks == {"B": BUDGET}
+
+
+def test_the_chunk_is_what_fits_in_the_target() -> None:
+    s = scheduler(max_step_ms=40)
+    add(s, "A", 20)
+    run(s)
+    add(s, "B", 3000)
+    out, chunks = run(s)
+    # 12.05 + 1 + 0.1 n <= 40 ms -> n = 269.
+    assert chunks["B"] == 269
+    assert FakeCosts().predict(step_of(out)) <= 0.040
+    # With two chats streaming, less room is left.
+    add(s, "C", 3)
+    run(s)
+    while s.requests["C"].num_output_tokens == 0:
+        run(s)
+    _, chunks = run(s)
+    assert chunks["B"] == 259
+
+
+def step_of(out: SchedulerOutput) -> StepShape:
+    shape = StepShape()
+    for x in out.scheduled:
+        r = x.request
+        if r.num_tokens - r.num_computed_tokens == 1:
+            shape = shape.with_decode(r.num_tokens)
+        else:
+            shape = shape.with_chunk(r.num_computed_tokens, x.num_new_tokens)
+    return shape
+
+
+def test_never_below_one_block_and_prefill_always_advances() -> None:
+    s = scheduler(max_step_ms=0.001)  # no step can meet it
+    add(s, "A", 5, max_tokens=10_000)
+    run(s)
+    add(s, "B", 200)
+    add(s, "C", 40)
+    seen_c = False
+    while s.requests["B"].num_output_tokens == 0 or s.requests["C"].num_output_tokens == 0:
+        decoding = {rid for rid, r in s.requests.items() if r.num_output_tokens}
+        _, chunks = run(s)
+        prefill = {k: v for k, v in chunks.items() if k not in decoding}
+        assert all(chunks[k] == 1 for k in decoding)
+        # One chunk per step (no time for a second), of one block or the prompt's rest.
+        assert len(prefill) == 1
+        (rid, n), = prefill.items()
+        r = s.requests[rid]
+        assert n == BLOCK or r.num_computed_tokens == r.num_prompt_tokens
+        seen_c |= rid == "C"
+    assert seen_c
+    assert s.requests["B"].num_output_tokens >= 1
+
+
+def test_steps_without_decodes_keep_the_whole_budget() -> None:
+    s = scheduler(max_step_ms=0.001)
+    add(s, "B", 3000)
+    _, chunks = run(s)
+    assert chunks == {"B": BUDGET}
+
+
+def test_nothing_learned_yet_probes_with_one_block() -> None:
+    s = scheduler(costs=StepCostModel())  # auto target, empty model
+    add(s, "A", 3)
+    run(s)
+    add(s, "B", 3000)
+    _, chunks = run(s)
+    assert chunks == {"A": 1, "B": BLOCK}
+
+
+@pytest.mark.parametrize("bad", [0, -1.0])
+def test_a_fixed_target_must_be_positive(bad: float) -> None:
+    with pytest.raises(ValueError, match="max_step_ms"):
+        StepTimeBound(FakeCosts(), bad, BLOCK)
+
+
+def test_learned_costs_keep_steps_within_the_auto_target() -> None:
+    """The scheduler and the real cost model, driven by a fake clock: each step 'takes' what
+    FakeCosts says. Chat A reads its prompt and streams alone for a while, then B sends a long
+    prompt: after a few steps to learn what mixed steps cost, every step carrying A's decode
+    and a chunk of B takes at most AUTO_MULTIPLE x A's decode step alone, with chunks longer
+    than one block."""
+    truth = FakeCosts()
+    costs = StepCostModel()
+    s = scheduler(costs=costs)
+
+    def step() -> tuple[dict[str, int], StepShape]:
+        out, chunks = run(s)
+        shape = step_of(out)
+        costs.observe(shape, truth.predict(shape))
+        return chunks, shape
+
+    add(s, "A", 300, max_tokens=300)
+    for _ in range(10):
+        step()
+    add(s, "B", 3000, max_tokens=1)
+    sizes = []
+    for i in range(30):  # B's prompt takes ~34 steps
+        chunks, shape = step()
+        if i >= 3:
+            sizes.append(chunks["B"])
+            assert truth.predict(shape) <= AUTO_MULTIPLE * truth.decode_step(shape) * 1.01
+    # 12.05 + 1 + 0.1 n <= 2 x 11 ms: 89 tokens, once learned.
+    assert sizes.count(89) >= len(sizes) - 3
+
+
+def test_chunks_grow_step_by_step_past_what_was_measured() -> None:
+    """A model that has seen one short prompt cannot tell fixed from per-token cost yet; the
+    first chunks beside a decode double from one block instead of trusting it."""
+    costs = StepCostModel()
+    costs.observe(StepShape().with_chunk(0, 20), 0.014)  # A's prompt
+    costs.observe(StepShape(1, 21), 0.011)  # A's first decode
+    s = scheduler(max_step_ms=10_000, costs=costs)  # a target only the ramp holds back
+    add(s, "A", 20)
+    run(s)
+    add(s, "B", 3000)
+    sizes = []
+    for _ in range(5):
+        out, chunks = run(s)
+        costs.observe(step_of(out), 0.02)
+        sizes.append(chunks["B"])
+    assert sizes == [16, 32, 64, 128, 256]
