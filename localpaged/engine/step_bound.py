@@ -5,14 +5,20 @@ gets a time target and its prefill chunks are cut to what the learned cost model
 Steps with no decodes are not bounded: a lone long prompt keeps the whole token budget.
 
 Default target (`max_step_ms=None`): AUTO_MULTIPLE = 2 x what a step of the same decodes
-alone costs. Why 2 and no floor in milliseconds: the point is that a streaming chat's gaps
-stay close to its own pace (the issue asks for a p99 gap <= 2.5 x the median alone; 2 leaves
-a quarter for misprediction and timing noise), on every machine, fast or slow, without a
-constant per machine. A floor such as 150 ms would be 4-15 x the decode step of the CPU paths
-(10-35 ms) and let exactly the stalls this bound exists to stop. The price is paid by the
-prompt being read alongside: its chunks get about one decode step's time each, so while a
-chat streams a long prompt reads more slowly (and once the stream ends, at full budget
-again). `max_step_ms` > 0 sets a fixed target instead; 0 turns the bound off.
+alone costs, so the prompt gets one decode step's worth of time per step. Why 2 and no floor
+in milliseconds: the point is that a streaming chat's gaps stay close to its own pace (the
+issue asks for a p99 gap <= 2.5x the median alone; 2 leaves a quarter of a step for
+misprediction and timing noise), on every machine, fast or slow, without a constant per
+machine. A floor such as 150 ms would be 4-15x the decode step of the CPU paths (10-35 ms)
+and allow exactly the stalls this bound exists to stop. The price is paid by the prompt being
+read alongside: while a chat streams, a long prompt reads at about half speed (at full budget
+again once the stream ends).
+
+Where a step that reads a prompt costs more before its first prompt token than a decode-only
+step (on the CPU, decode-only steps run one native call per layer, steps with prompt tokens
+the torch layers), that difference is added to the target: no chunk size can avoid it, and
+without it the prompt would get no time at all, one block per step at the path's full fixed
+cost. `max_step_ms` > 0 sets a fixed target instead; 0 turns the bound off.
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ class StepCosts(Protocol):
 
     def decode_step(self, shape: StepShape) -> float | None: ...
 
+    def prefill_base(self, shape: StepShape) -> float | None: ...
+
 
 class StepTimeBound:
     """Sizes the prefill chunks of steps that carry decodes, from a step-cost model."""
@@ -49,7 +57,10 @@ class StepTimeBound:
         if self.fixed_target is not None:
             return self.fixed_target
         alone = self.costs.decode_step(decodes)
-        return None if alone is None else AUTO_MULTIPLE * alone
+        if alone is None:
+            return None
+        base = self.costs.prefill_base(decodes)
+        return AUTO_MULTIPLE * alone + max(0.0, (base or 0.0) - alone)
 
     def chunk(self, shape: StepShape, start: int, limit: int, target: float | None,
               first: bool) -> int:

@@ -149,6 +149,12 @@ class StepCostModel:
             return self.prefill_fit.predict(_prefill_features(shape))
         return self.decode_step(shape)
 
+    def prefill_base(self, shape: StepShape) -> float | None:
+        """Seconds `shape`'s decodes take in a step that also reads a prompt, before the
+        prompt's tokens: the prefill path's fixed cost (its prefill tokens ignored)."""
+        return self.prefill_fit.predict(_prefill_features(StepShape(shape.decodes,
+                                                                    shape.decode_context)))
+
     def decode_step(self, shape: StepShape) -> float | None:
         """Seconds a step of just `shape`'s decodes takes (its prefill tokens ignored)."""
         decodes = StepShape(shape.decodes, shape.decode_context)

@@ -15,7 +15,7 @@ BUDGET = 512
 
 
 class FakeCosts:
-    """Decode-only steps: 10 ms + 1 ms a row; prefill steps: 12.05 ms + 1 ms a row + 0.1 ms a
+    """Decode-only steps: 10 ms + 1 ms a row; prefill steps: 12.05 ms + 1 ms a row + 0.12 ms a
     prompt token. Every chunk size counts as measured already."""
 
     mixed_prefill_seen = 10**9
@@ -26,7 +26,14 @@ class FakeCosts:
     def predict(self, s: StepShape) -> float:
         if not s.prefill_tokens:
             return self.decode_step(s)
-        return 0.01205 + 0.001 * s.decodes + 0.0001 * s.prefill_tokens
+        return self.prefill_base(s) + 0.00012 * s.prefill_tokens
+
+    def prefill_base(self, s: StepShape) -> float:
+        return 0.01205 + 0.001 * s.decodes
+
+    def target(self, s: StepShape) -> float:
+        """The auto target: 2 decode steps, plus what the prefill path costs more."""
+        return AUTO_MULTIPLE * self.decode_step(s) + self.prefill_base(s) - self.decode_step(s)
 
 
 def scheduler(max_step_ms: float | None = None, costs: object | None = None) -> Scheduler:
@@ -57,12 +64,13 @@ def test_chunks_shrink_while_a_chat_streams_and_grow_back_when_it_stops() -> Non
     run(s)  # A's prompt, alone: the whole of it
     add(s, "B", 3000)
     _, chunks = run(s)
-    # Target = 2 x A's decode step alone (11 ms) = 22 ms; 12.05 + 1 + 0.1 n <= 22 -> n = 89.
-    assert chunks == {"A": 1, "B": 89}
+    # Target = 2 x A's decode step alone (11 ms) + (13.05 - 11) ms the prefill path costs more
+    # = 24.05 ms; 13.05 + 0.12 n <= 24.05 -> n = 91.
+    assert chunks == {"A": 1, "B": 91}
     while "A" in s.requests:
         _, chunks = run(s)
         if "A" in chunks:
-            assert chunks["B"] == 89
+            assert chunks["B"] == 91
     _, chunks = run(s)  # A is done: B alone uses the whole budget again
     assert chunks == {"B": BUDGET}
 
@@ -73,8 +81,8 @@ def test_the_chunk_is_what_fits_in_the_target() -> None:
     run(s)
     add(s, "B", 3000)
     out, chunks = run(s)
-    # 12.05 + 1 + 0.1 n <= 40 ms -> n = 269.
-    assert chunks["B"] == 269
+    # 13.05 + 0.12 n <= 40 ms -> n = 224.
+    assert chunks["B"] == 224
     assert FakeCosts().predict(step_of(out)) <= 0.040
     # With two chats streaming, less room is left.
     add(s, "C", 3)
@@ -82,7 +90,7 @@ def test_the_chunk_is_what_fits_in_the_target() -> None:
     while s.requests["C"].num_output_tokens == 0:
         run(s)
     _, chunks = run(s)
-    assert chunks["B"] == 259
+    assert chunks["B"] == 216
 
 
 def step_of(out: SchedulerOutput) -> StepShape:
@@ -144,8 +152,7 @@ def test_learned_costs_keep_steps_within_the_auto_target() -> None:
     """The scheduler and the real cost model, driven by a fake clock: each step 'takes' what
     FakeCosts says. Chat A reads its prompt and streams alone for a while, then B sends a long
     prompt: after a few steps to learn what mixed steps cost, every step carrying A's decode
-    and a chunk of B takes at most AUTO_MULTIPLE x A's decode step alone, with chunks longer
-    than one block."""
+    and a chunk of B stays within the auto target, with chunks longer than one block."""
     truth = FakeCosts()
     costs = StepCostModel()
     s = scheduler(costs=costs)
@@ -165,9 +172,9 @@ def test_learned_costs_keep_steps_within_the_auto_target() -> None:
         chunks, shape = step()
         if i >= 3:
             sizes.append(chunks["B"])
-            assert truth.predict(shape) <= AUTO_MULTIPLE * truth.decode_step(shape) * 1.01
-    # 12.05 + 1 + 0.1 n <= 2 x 11 ms: 89 tokens, once learned.
-    assert sizes.count(89) >= len(sizes) - 3
+            assert truth.predict(shape) <= truth.target(shape) * 1.01
+    # 13.05 + 0.12 n <= 24.05 ms: 91 tokens, once learned.
+    assert sizes.count(91) >= len(sizes) - 3
 
 
 def test_chunks_grow_step_by_step_past_what_was_measured() -> None:
