@@ -119,8 +119,6 @@ class Scheduler:
             if r.num_tokens - r.num_computed_tokens == 1:
                 decodes = decodes.with_decode(r.num_tokens)
         chunks = StepChunks(self.time_bound, decodes)
-        if chunks.bound is not None:
-            self.step_target = chunks.target
 
         i = 0
         while i < len(self.running) and budget > 0:
@@ -152,6 +150,8 @@ class Scheduler:
 
         if not out.preempted:
             self._admit_waiting(out, budget, chunk_cap, chunks)
+        if chunks.target is not None:
+            self.step_target = chunks.target
         return out
 
     def _take_blocks_computed_meanwhile(self, request: Request) -> None:

@@ -99,13 +99,15 @@ class StepChunks:
     def __init__(self, bound: StepTimeBound | None, decodes: StepShape) -> None:
         self.bound = bound if decodes.decodes else None
         self.shape = decodes
-        self.target = self.bound.target(decodes) if self.bound is not None else None
+        self.target: float | None = None  # seconds, once a chunk was sized
         self.first = True
 
     def size(self, start: int, limit: int) -> int:
         """Tokens for a chunk at position `start` that the token budget allows `limit` of."""
         if self.bound is None:
             return limit
+        if self.first:  # a step of decodes only never asks
+            self.target = self.bound.target(self.shape)
         return self.bound.chunk(self.shape, start, limit, self.target, self.first)
 
     def add(self, start: int, tokens: int) -> None:
