@@ -14,11 +14,11 @@ and allow exactly the stalls this bound exists to stop. The price is paid by the
 read alongside: while a chat streams, a long prompt reads at about half speed (at full budget
 again once the stream ends).
 
-Where a step that reads a prompt costs more before its first prompt token than a decode-only
-step (on the CPU, decode-only steps run one native call per layer, steps with prompt tokens
-the torch layers), that difference is added to the target: no chunk size can avoid it, and
-without it the prompt would get no time at all, one block per step at the path's full fixed
-cost. `max_step_ms` > 0 sets a fixed target instead; 0 turns the bound off.
+Where even one block of prompt beside the decodes costs more than that (on the CPU a
+decode-only step is one native call per layer, a step with prompt tokens runs the torch
+layers, with a larger fixed cost), the target is that step plus one decode step: no chunk
+size can avoid its cost, and without the extra step the prompt would read one block a step
+at that full cost. `max_step_ms` > 0 sets a fixed target instead; 0 turns the bound off.
 """
 
 from __future__ import annotations
@@ -39,8 +39,6 @@ class StepCosts(Protocol):
 
     def decode_step(self, shape: StepShape) -> float | None: ...
 
-    def prefill_base(self, shape: StepShape) -> float | None: ...
-
 
 class StepTimeBound:
     """Sizes the prefill chunks of steps that carry decodes, from a step-cost model."""
@@ -52,15 +50,16 @@ class StepTimeBound:
         self.fixed_target = None if max_step_ms is None else max_step_ms / 1e3
         self.min_chunk = min_chunk
 
-    def target(self, decodes: StepShape) -> float | None:
-        """Seconds a step carrying `decodes` may take; None while nothing is known yet."""
+    def target(self, decodes: StepShape, start: int) -> float | None:
+        """Seconds a step carrying `decodes` and a prompt chunk at position `start` may take;
+        None while nothing is known yet."""
         if self.fixed_target is not None:
             return self.fixed_target
         alone = self.costs.decode_step(decodes)
         if alone is None:
             return None
-        base = self.costs.prefill_base(decodes)
-        return AUTO_MULTIPLE * alone + max(0.0, (base or 0.0) - alone)
+        one_block = self.costs.predict(decodes.with_chunk(start, self.min_chunk))
+        return max(AUTO_MULTIPLE * alone, (one_block or 0.0) + (AUTO_MULTIPLE - 1) * alone)
 
     def chunk(self, shape: StepShape, start: int, limit: int, target: float | None,
               first: bool) -> int:
@@ -107,7 +106,7 @@ class StepChunks:
         if self.bound is None:
             return limit
         if self.first:  # a step of decodes only never asks
-            self.target = self.bound.target(self.shape)
+            self.target = self.bound.target(self.shape, start)
         return self.bound.chunk(self.shape, start, limit, self.target, self.first)
 
     def add(self, start: int, tokens: int) -> None:

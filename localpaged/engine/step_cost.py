@@ -6,20 +6,22 @@ fits, because the two kinds of step take different code paths (on the CPU a deco
 runs one native call per layer, a step with prefill tokens runs the torch layers):
 
     decode-only step   ~ fixed + per row + per 1k tokens of context read
-    step with prefill  ~ fixed + per decode row + per 1k context + per prefill token
+    step with prefill  ~ fixed + per decode row + per prefill token
                          + per prefill token x context it attends to (attention grows with it)
 
 Each fit is least squares over the recent steps (older ones fade by `FORGET` per step, so a
 machine that gets busier is followed), with coefficients kept >= 0 so a chunk never looks
-cheaper for being longer.
+cheaper for being longer. The prefill fit leaves out the decode rows' context: beside a
+prompt chunk it costs little, and a feature that only grows step after step would soak up
+any drift in the timings (a busier machine) and make every chunk look dearer.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-# Weight of the previous fit per new observation: the last ~30 steps of a kind count.
-FORGET = 0.97
+# Weight of the previous fit per new observation: the last ~50 steps of a kind count.
+FORGET = 0.98
 # A step slower than this many times its prediction counts as this many times (a GC pause or
 # another process on the core must not teach the model that every step is slow).
 OUTLIER = 4.0
@@ -52,8 +54,7 @@ def _decode_features(s: StepShape) -> list[float]:
 
 
 def _prefill_features(s: StepShape) -> list[float]:
-    return [1.0, float(s.decodes), s.decode_context / 1e3, s.prefill_tokens / 1e2,
-            s.prefill_attention / 1e6]
+    return [1.0, float(s.decodes), s.prefill_tokens / 1e2, s.prefill_attention / 1e6]
 
 
 class DecayedLeastSquares:
@@ -88,7 +89,7 @@ class DecayedLeastSquares:
 
     def _solve(self) -> list[float]:
         # Drop the most negative non-intercept coefficient and solve again, until none is
-        # negative (a small active-set NNLS; five features at most).
+        # negative (a small active-set NNLS; four features at most).
         active = list(range(self.n))
         while True:
             sub = _solve_linear([[self.xtx[i][j] + (RIDGE if i == j else 0.0) for j in active]
@@ -127,7 +128,7 @@ class StepCostModel:
 
     def __init__(self) -> None:
         self.decode_fit = DecayedLeastSquares(3)
-        self.prefill_fit = DecayedLeastSquares(5)
+        self.prefill_fit = DecayedLeastSquares(4)
         self.mixed_prefill_seen = 0  # the most prompt tokens measured in a step with decodes
 
     def observe(self, shape: StepShape, seconds: float) -> None:
@@ -148,12 +149,6 @@ class StepCostModel:
         if shape.prefill_tokens:
             return self.prefill_fit.predict(_prefill_features(shape))
         return self.decode_step(shape)
-
-    def prefill_base(self, shape: StepShape) -> float | None:
-        """Seconds `shape`'s decodes take in a step that also reads a prompt, before the
-        prompt's tokens: the prefill path's fixed cost (its prefill tokens ignored)."""
-        return self.prefill_fit.predict(_prefill_features(StepShape(shape.decodes,
-                                                                    shape.decode_context)))
 
     def decode_step(self, shape: StepShape) -> float | None:
         """Seconds a step of just `shape`'s decodes takes (its prefill tokens ignored)."""

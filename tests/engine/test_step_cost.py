@@ -54,12 +54,10 @@ def test_learns_both_kinds_of_step_from_timings() -> None:
             assert model.predict(shape) == pytest.approx(true_cost(shape), rel=0.1)
 
 
-def test_decode_step_and_prefill_base_ignore_the_prompt_tokens() -> None:
+def test_decode_step_ignores_the_prefill_part() -> None:
     model = trained(random.Random(1))
     mixed = StepShape(decodes=2, decode_context=500).with_chunk(0, 256)
     assert model.decode_step(mixed) == pytest.approx(true_cost(StepShape(2, 500)), rel=0.02)
-    # The same rows on the prefill path, before any prompt token: 30 + 2 x 1 ms.
-    assert model.prefill_base(mixed) == pytest.approx(0.032, rel=0.02)
 
 
 def test_follows_a_machine_that_gets_slower() -> None:
