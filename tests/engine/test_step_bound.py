@@ -15,10 +15,13 @@ BUDGET = 512
 
 
 class FakeCosts:
-    """Decode-only steps: 10 ms + 1 ms a row; prefill steps: 12.05 ms + 1 ms a row + 0.12 ms a
-    prompt token. Every chunk size counts as measured already."""
+    """Decode-only steps: 10 ms + 1 ms a row; prefill steps: `base` (12.05 ms) + 1 ms a row
+    + 0.12 ms a prompt token. Every chunk size counts as measured already."""
 
     mixed_prefill_seen = 10**9
+
+    def __init__(self, base: float = 0.01205) -> None:
+        self.base = base
 
     def decode_step(self, s: StepShape) -> float:
         return 0.010 + 0.001 * s.decodes
@@ -29,12 +32,12 @@ class FakeCosts:
         return self.prefill_base(s) + 0.00012 * s.prefill_tokens
 
     def prefill_base(self, s: StepShape) -> float:
-        return 0.01205 + 0.001 * s.decodes
+        return self.base + 0.001 * s.decodes
 
     def target(self, s: StepShape) -> float:
-        """The auto target: 2 decode steps, or a step with one block and one decode step."""
-        d = self.decode_step(s)
-        return max(AUTO_MULTIPLE * d, self.prefill_base(s) + 0.00012 * BLOCK + d)
+        """The auto target: 2 decode steps, or past a dearer one-block step by as much."""
+        plain = AUTO_MULTIPLE * self.decode_step(s)
+        return max(plain, 2 * (self.prefill_base(s) + 0.00012 * BLOCK) - plain)
 
 
 def scheduler(max_step_ms: float | None = None, costs: object | None = None) -> Scheduler:
@@ -65,14 +68,12 @@ def test_chunks_shrink_while_a_chat_streams_and_grow_back_when_it_stops() -> Non
     run(s)  # A's prompt, alone: the whole of it
     add(s, "B", 3000)
     _, chunks = run(s)
-    # One block beside A's decode costs 13.05 + 16 x 0.12 = 14.97 ms, more than 2 x A's decode
-    # step alone (11 ms) allows: the target is that plus one decode step, 25.97 ms, and
-    # 13.05 + 0.12 n <= 25.97 -> n = 107.
-    assert chunks == {"A": 1, "B": 107}
+    # Target = 2 x A's decode step alone (11 ms) = 22 ms; 13.05 + 0.12 n <= 22 -> n = 74.
+    assert chunks == {"A": 1, "B": 74}
     while "A" in s.requests:
         _, chunks = run(s)
         if "A" in chunks:
-            assert chunks["B"] == 107
+            assert chunks["B"] == 74
     _, chunks = run(s)  # A is done: B alone uses the whole budget again
     assert chunks == {"B": BUDGET}
 
@@ -104,6 +105,18 @@ def step_of(out: SchedulerOutput) -> StepShape:
         else:
             shape = shape.with_chunk(r.num_computed_tokens, x.num_new_tokens)
     return shape
+
+
+def test_a_path_with_a_large_fixed_cost_still_reads_the_prompt() -> None:
+    # Prefill steps cost 30.1 ms before their tokens: one block beside A's decode costs
+    # 33.02 ms, past 2 x 11 ms by 11.02 ms; the step may go as far again, to 44.04 ms:
+    # 31.1 + 0.12 n <= 44.04 -> n = 107.
+    s = scheduler(costs=FakeCosts(base=0.0301))
+    add(s, "A", 20)
+    run(s)
+    add(s, "B", 3000)
+    _, chunks = run(s)
+    assert chunks == {"A": 1, "B": 107}
 
 
 def test_never_below_one_block_and_prefill_always_advances() -> None:
@@ -175,8 +188,8 @@ def test_learned_costs_keep_steps_within_the_auto_target() -> None:
         if i >= 3:
             sizes.append(chunks["B"])
             assert truth.predict(shape) <= truth.target(shape) * 1.01
-    # 13.05 + 0.12 n <= 25.97 ms: 107 tokens, once learned.
-    assert sizes.count(107) >= len(sizes) - 3
+    # 13.05 + 0.12 n <= 22 ms: 74 tokens, once learned.
+    assert sizes.count(74) >= len(sizes) - 3
 
 
 def test_chunks_grow_step_by_step_past_what_was_measured() -> None:
