@@ -27,6 +27,9 @@ FORGET = 0.98
 OUTLIER = 4.0
 # Pull of the coefficients towards 0 where the steps seen so far do not pin them down.
 RIDGE = 1e-6
+# The first steps of each kind are not learned from: they pay one-time costs (lazy set-up,
+# first touches of the weights' pages) that would make the next steps look dear for long.
+WARMUP = 2
 
 
 @dataclass(frozen=True)
@@ -130,9 +133,14 @@ class StepCostModel:
         self.decode_fit = DecayedLeastSquares(3)
         self.prefill_fit = DecayedLeastSquares(4)
         self.mixed_prefill_seen = 0  # the most prompt tokens measured in a step with decodes
+        self._skipped = {"decode": 0, "prefill": 0}
 
     def observe(self, shape: StepShape, seconds: float) -> None:
         """Record one measured step."""
+        kind = "prefill" if shape.prefill_tokens else "decode"
+        if self._skipped[kind] < WARMUP:
+            self._skipped[kind] += 1
+            return
         if shape.decodes and shape.prefill_tokens:
             self.mixed_prefill_seen = max(self.mixed_prefill_seen, shape.prefill_tokens)
         if shape.prefill_tokens:

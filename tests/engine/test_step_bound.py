@@ -196,8 +196,9 @@ def test_chunks_grow_step_by_step_past_what_was_measured() -> None:
     """A model that has seen one short prompt cannot tell fixed from per-token cost yet; the
     first chunks beside a decode double from one block instead of trusting it."""
     costs = StepCostModel()
-    costs.observe(StepShape().with_chunk(0, 20), 0.014)  # A's prompt
-    costs.observe(StepShape(1, 21), 0.011)  # A's first decode
+    for _ in range(3):  # (the first two of each kind are warm-up)
+        costs.observe(StepShape().with_chunk(0, 20), 0.014)  # a prompt
+        costs.observe(StepShape(1, 21), 0.011)  # a decode step
     s = scheduler(max_step_ms=10_000, costs=costs)  # a target only the ramp holds back
     add(s, "A", 20)
     run(s)

@@ -39,6 +39,10 @@ def test_nothing_is_predicted_before_a_step_of_its_kind() -> None:
     model = StepCostModel()
     assert model.predict(StepShape(decodes=1, decode_context=10)) is None
     assert model.predict(StepShape().with_chunk(0, 16)) is None
+    # The first steps of a kind pay one-time costs; they are not learned from.
+    model.observe(StepShape().with_chunk(0, 100), 3.0)
+    model.observe(StepShape().with_chunk(0, 100), 0.5)
+    assert model.predict(StepShape().with_chunk(0, 100)) is None
     model.observe(StepShape().with_chunk(0, 100), 0.07)
     assert model.predict(StepShape().with_chunk(0, 100)) == pytest.approx(0.07, rel=1e-3)
     # No decode-only step yet: a decode step is estimated from the prefill fit.
