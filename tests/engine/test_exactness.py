@@ -143,3 +143,5 @@ def test_chunks_cut_by_the_step_bound_give_the_same_tokens(model_and_reference: 
         check(outs, ref_tokens, ref_logprobs)
         steps[max_step_ms] = llm.engine.steps
     assert steps[1e-3] > steps[0]
+    # Offline batches read prompts at the whole budget unless a bound is asked for.
+    assert LLM(str(folder), dtype="float32").engine.scheduler.time_bound is None

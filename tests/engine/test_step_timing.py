@@ -41,7 +41,7 @@ def on_fake_clock(engine: LLMEngine) -> list[tuple[StepShape, float]]:
 
 
 def test_a_streaming_chat_waits_at_most_the_bound_for_a_long_prompt(tiny_llama: Path) -> None:
-    engine = LLM(str(tiny_llama), dtype="float32", block_size=4).engine
+    engine = LLM(str(tiny_llama), dtype="float32", block_size=4, max_step_ms=None).engine  # auto
     log = on_fake_clock(engine)
     a = engine.add_request(list(range(5, 25)), SamplingParams(temperature=0, max_tokens=60,
                                                                 ignore_eos=True))
