@@ -72,10 +72,12 @@ class StepTimeBound:
         gets at least one block (min_chunk) whatever the prediction, so prefill always
         advances; a later chunk that cannot have one block within the target gets 0.
 
-        Chunks grow at most 2x past the largest measured beside decodes (one block, two,
-        four ...): the first steps of prompt reading seen are often too few to tell a step's
-        fixed cost from its cost per token, and a wrong guess must not be a 500-token stall."""
-        limit = min(limit, max(self.min_chunk, 2 * self.costs.mixed_prefill_seen))
+        A step's prompt tokens grow at most 2x past the most measured beside decodes (one
+        block, two, four ...): the first steps of prompt reading seen are often too few to
+        tell a step's fixed cost from its cost per token, and a wrong guess must not be a
+        500-token stall."""
+        ramp = max(self.min_chunk, 2 * self.costs.mixed_prefill_seen) - shape.prefill_tokens
+        limit = min(limit, ramp if not first else max(ramp, self.min_chunk))
         if limit <= 0:
             return 0
         floor = min(self.min_chunk, limit)

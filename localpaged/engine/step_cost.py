@@ -5,7 +5,7 @@ asks it what a batch would cost before it picks a prefill chunk (see `StepTimeBo
 fits, because the two kinds of step take different code paths (on the CPU a decode-only step
 runs one native call per layer, a step with prefill tokens runs the torch layers):
 
-    decode-only step   ~ fixed + per row + per 1k tokens of context read
+    decode-only step   ~ fixed + per row + per 10k tokens of context read
     step with prefill  ~ fixed + per decode row + per prefill token
                          + per prefill token x context it attends to (attention grows with it)
 
@@ -25,8 +25,12 @@ FORGET = 0.98
 # A step slower than this many times its prediction counts as this many times (a GC pause or
 # another process on the core must not teach the model that every step is slow).
 OUTLIER = 4.0
-# Pull of the coefficients towards 0 where the steps seen so far do not pin them down.
-RIDGE = 1e-6
+# Pull of the slopes (not the fixed part) towards 0, in units of the features squared: a
+# slope is learned once the steps seen differ along its feature, and until then the cost
+# does not depend on it. Without it a feature that barely varied (every chunk one block, a
+# context growing a token a step) took any noise in the timings and, extrapolated, made
+# other shapes look absurdly cheap or dear (a 32 s target for four decode rows).
+RIDGE = 1e-3
 # The first steps of each kind are not learned from: they pay one-time costs (lazy set-up,
 # first touches of the weights' pages) that would make the next steps look dear for long.
 WARMUP = 2
@@ -53,7 +57,7 @@ class StepShape:
 
 
 def _decode_features(s: StepShape) -> list[float]:
-    return [1.0, float(s.decodes), s.decode_context / 1e3]
+    return [1.0, float(s.decodes), s.decode_context / 1e4]
 
 
 def _prefill_features(s: StepShape) -> list[float]:
@@ -95,8 +99,9 @@ class DecayedLeastSquares:
         # negative (a small active-set NNLS; four features at most).
         active = list(range(self.n))
         while True:
-            sub = _solve_linear([[self.xtx[i][j] + (RIDGE if i == j else 0.0) for j in active]
-                                 for i in active], [self.xty[i] for i in active])
+            sub = _solve_linear([[self.xtx[i][j] + (RIDGE if i == j and i else 0.0)
+                                  for j in active] for i in active],
+                                [self.xty[i] for i in active])
             theta = [0.0] * self.n
             for i, v in zip(active, sub):
                 theta[i] = v

@@ -209,3 +209,17 @@ def test_chunks_grow_step_by_step_past_what_was_measured() -> None:
         costs.observe(step_of(out), 0.02)
         sizes.append(chunks["B"])
     assert sizes == [16, 32, 64, 128, 256]
+
+
+def test_the_ramp_holds_the_step_not_each_chunk() -> None:
+    """Five prompts waiting beside a decode, 16 prompt tokens measured so far: the step reads
+    32 in all, not 32 each."""
+    costs = FakeCosts()
+    costs.mixed_prefill_seen = BLOCK
+    s = scheduler(max_step_ms=10_000, costs=costs)
+    add(s, "A", 20)
+    run(s)
+    for i in range(5):
+        add(s, f"P{i}", 100)
+    _, chunks = run(s)
+    assert chunks == {"A": 1, "P0": 2 * BLOCK}

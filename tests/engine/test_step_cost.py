@@ -94,3 +94,17 @@ def test_a_longer_chunk_never_looks_cheaper() -> None:
         model.observe(StepShape().with_chunk(0, tokens), 0.05 - 1e-5 * tokens + rng.uniform(0, 1e-3))
     costs = [model.predict(StepShape().with_chunk(100, n)) for n in range(1, 513, 16)]
     assert all(a is not None and b is not None and a <= b for a, b in itertools.pairwise(costs))
+
+
+def test_a_feature_that_barely_varied_is_not_extrapolated() -> None:
+    # One chat streaming: every step one row, its context a token longer each time, timings
+    # noisy. Four rows at four times the context must not look like many times the cost.
+    for seed in range(10):
+        rng = random.Random(seed)
+        model = StepCostModel()
+        for i in range(60):
+            model.observe(StepShape(1, 100 + i), 0.020 * rng.uniform(0.5, 1.5))
+        one = model.predict(StepShape(1, 160))
+        four = model.predict(StepShape(4, 4 * 160))
+        assert one is not None and four is not None
+        assert 0.01 < one < 0.03 and four < 2 * one
