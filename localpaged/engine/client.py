@@ -57,7 +57,7 @@ class EngineStats:
     steps: int = 0
     max_model_len: int = 0
     inter_token_latency: LatencySummary = field(default_factory=LatencySummary)
-    step_bound: str = "off"  # the step-time bound in force, in words
+    step_bound: str = "unknown"  # the step-time bound in force, in words (remote: unknown)
 
     @property
     def prefix_cache_hit_rate(self) -> float:
