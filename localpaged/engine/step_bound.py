@@ -14,13 +14,14 @@ and allow exactly the stalls this bound exists to stop. The price is paid by the
 read alongside: while a chat streams, a long prompt reads at about half speed (at full budget
 again once the stream ends).
 
-Where even one block of prompt beside the decodes costs more than that (a path with a fixed
-cost no chunk size avoids: on the CPU a decode-only step is one native call per layer, a step
-with prompt tokens runs the torch layers), the step may go as far past that one-block step
-as the one-block step is past 2 x the decodes: just over the plain target the bound stays
-tight, and where fixed costs dominate the prompt still gets a useful share of each step
-instead of one block a step at the full fixed cost. `max_step_ms` > 0 sets a fixed target
-instead; 0 turns the bound off.
+Where the decodes cost more in a step that reads a prompt than in a step of their own (on
+the CPU a decode-only step is one native call per layer, a step with prompt tokens runs the
+torch layers, with a larger fixed part), the target is that dearer step, before its prompt
+tokens, plus the prompt's decode step of time: no chunk size avoids the fixed part, and
+without the extra step the prompt would read one block a step at its full cost. The fixed
+part comes from the prefill fit; until chunks of several sizes are measured it is about a
+one-block step (the fit's slopes stay near 0), so noise in it is not amplified.
+`max_step_ms` > 0 sets a fixed target instead; 0 turns the bound off.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ class StepCosts(Protocol):
 
     def decode_step(self, shape: StepShape) -> float | None: ...
 
+    def prefill_base(self, shape: StepShape) -> float | None: ...
+
 
 class StepTimeBound:
     """Sizes the prefill chunks of steps that carry decodes, from a step-cost model."""
@@ -52,17 +55,17 @@ class StepTimeBound:
         self.fixed_target = None if max_step_ms is None else max_step_ms / 1e3
         self.min_chunk = min_chunk
 
-    def target(self, decodes: StepShape, start: int) -> float | None:
-        """Seconds a step carrying `decodes` and a prompt chunk at position `start` may take;
-        None while nothing is known yet."""
+    def target(self, decodes: StepShape) -> float | None:
+        """Seconds a step carrying `decodes` and prompt chunks may take; None while nothing
+        is known yet."""
         if self.fixed_target is not None:
             return self.fixed_target
         alone = self.costs.decode_step(decodes)
         if alone is None:
             return None
-        plain = AUTO_MULTIPLE * alone
-        one_block = self.costs.predict(decodes.with_chunk(start, self.min_chunk))
-        return plain if one_block is None else max(plain, 2 * one_block - plain)
+        base = self.costs.prefill_base(decodes)
+        share = (AUTO_MULTIPLE - 1) * alone  # the prompt's time in the step
+        return max(AUTO_MULTIPLE * alone, (base or 0.0) + share)
 
     def chunk(self, shape: StepShape, start: int, limit: int, target: float | None,
               first: bool) -> int:
@@ -111,7 +114,7 @@ class StepChunks:
         if self.bound is None:
             return limit
         if self.first:  # a step of decodes only never asks
-            self.target = self.bound.target(self.shape, start)
+            self.target = self.bound.target(self.shape)
         return self.bound.chunk(self.shape, start, limit, self.target, self.first)
 
     def add(self, start: int, tokens: int) -> None:

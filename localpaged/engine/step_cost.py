@@ -153,7 +153,7 @@ class StepCostModel:
         else:
             fit, x = self.decode_fit, _decode_features(shape)
         guess = fit.predict(x)
-        if guess is not None and fit.count >= 8 and seconds > OUTLIER * guess:
+        if guess is not None and fit.count >= 3 and seconds > OUTLIER * guess:
             seconds = OUTLIER * guess
         fit.observe(x, seconds)
 
@@ -162,6 +162,12 @@ class StepCostModel:
         if shape.prefill_tokens:
             return self.prefill_fit.predict(_prefill_features(shape))
         return self.decode_step(shape)
+
+    def prefill_base(self, shape: StepShape) -> float | None:
+        """Seconds `shape`'s decodes take in a step that reads a prompt, before its first
+        prompt token: the prefill path's fixed part (its prompt tokens ignored)."""
+        return self.prefill_fit.predict(_prefill_features(StepShape(shape.decodes,
+                                                                    shape.decode_context)))
 
     def decode_step(self, shape: StepShape) -> float | None:
         """Seconds a step of just `shape`'s decodes takes (its prefill tokens ignored)."""

@@ -35,9 +35,9 @@ class FakeCosts:
         return self.base + 0.001 * s.decodes
 
     def target(self, s: StepShape) -> float:
-        """The auto target: 2 decode steps, or past a dearer one-block step by as much."""
-        plain = AUTO_MULTIPLE * self.decode_step(s)
-        return max(plain, 2 * (self.prefill_base(s) + 0.00012 * BLOCK) - plain)
+        """The auto target: the prefill path's fixed part + a decode step, at least 2 of them."""
+        d = self.decode_step(s)
+        return max(AUTO_MULTIPLE * d, self.prefill_base(s) + (AUTO_MULTIPLE - 1) * d)
 
 
 def scheduler(max_step_ms: float | None = None, costs: object | None = None) -> Scheduler:
@@ -68,12 +68,13 @@ def test_chunks_shrink_while_a_chat_streams_and_grow_back_when_it_stops() -> Non
     run(s)  # A's prompt, alone: the whole of it
     add(s, "B", 3000)
     _, chunks = run(s)
-    # Target = 2 x A's decode step alone (11 ms) = 22 ms; 13.05 + 0.12 n <= 22 -> n = 74.
-    assert chunks == {"A": 1, "B": 74}
+    # A's decode step alone costs 11 ms, beside a prompt 13.05 ms before its tokens: the target
+    # is 13.05 + 11 = 24.05 ms, and 13.05 + 0.12 n <= 24.05 -> n = 91.
+    assert chunks == {"A": 1, "B": 91}
     while "A" in s.requests:
         _, chunks = run(s)
         if "A" in chunks:
-            assert chunks["B"] == 74
+            assert chunks["B"] == 91
     _, chunks = run(s)  # A is done: B alone uses the whole budget again
     assert chunks == {"B": BUDGET}
 
@@ -108,15 +109,26 @@ def step_of(out: SchedulerOutput) -> StepShape:
 
 
 def test_a_path_with_a_large_fixed_cost_still_reads_the_prompt() -> None:
-    # Prefill steps cost 30.1 ms before their tokens: one block beside A's decode costs
-    # 33.02 ms, past 2 x 11 ms by 11.02 ms; the step may go as far again, to 44.04 ms:
-    # 31.1 + 0.12 n <= 44.04 -> n = 107.
-    s = scheduler(costs=FakeCosts(base=0.0301))
+    # Beside a prompt A's row costs 31 ms before the prompt's tokens, ~3 x its step alone: the
+    # step may take that + one decode step, 42 ms, and 31 + 0.12 n <= 42 -> n = 91: the same
+    # 11 ms of prompt as on a cheap path, not one block.
+    s = scheduler(costs=FakeCosts(base=0.030))
     add(s, "A", 20)
     run(s)
     add(s, "B", 3000)
     _, chunks = run(s)
-    assert chunks == {"A": 1, "B": 107}
+    assert chunks == {"A": 1, "B": 91}
+
+
+def test_a_path_cheaper_beside_a_prompt_keeps_2x() -> None:
+    # Prefill steps cost 5 ms before their tokens: the target stays 2 x 11 ms;
+    # 6 + 0.12 n <= 22 -> n = 133.
+    s = scheduler(costs=FakeCosts(base=0.005))
+    add(s, "A", 20)
+    run(s)
+    add(s, "B", 3000)
+    _, chunks = run(s)
+    assert chunks == {"A": 1, "B": 133}
 
 
 def test_never_below_one_block_and_prefill_always_advances() -> None:
@@ -188,8 +200,8 @@ def test_learned_costs_keep_steps_within_the_auto_target() -> None:
         if i >= 3:
             sizes.append(chunks["B"])
             assert truth.predict(shape) <= truth.target(shape) * 1.01
-    # 13.05 + 0.12 n <= 22 ms: 74 tokens, once learned.
-    assert sizes.count(74) >= len(sizes) - 3
+    # 13.05 + 0.12 n <= 24.05 ms: 91 tokens, once learned.
+    assert sizes.count(91) >= len(sizes) - 3
 
 
 def test_chunks_grow_step_by_step_past_what_was_measured() -> None:

@@ -51,20 +51,22 @@ def test_a_streaming_chat_waits_at_most_the_bound_for_a_long_prompt(tiny_llama: 
     gaps_before = engine.itl.count
     while engine.has_unfinished_requests():
         engine.step()
-    # The model learned the fake machine: a step of A's decode and a chunk of B takes
-    # 13.05 + 0.12 n <= 2 x 11 ms, so n = 74, reached by doubling from one block (B's first
-    # step is the prefill kind's second, a warm-up step not learned from: one block again).
+    # The model learned the fake machine: a step of A's decode and a chunk of B may take the
+    # 13.05 ms its fixed part costs + 11 ms; 13.05 + 0.12 n <= 24.05 gives n = 91, reached by
+    # doubling from one block (B's first step is the prefill kind's second, a warm-up step
+    # not learned from: one block again).
     chunks = [s.prefill_tokens for s, _ in log if s.decodes and s.prefill_tokens]
-    assert chunks == [4, 4, 8, 16, 32, 64, 74, 74, 74, 400 - 128 - 3 * 74]
-    probe = StepShape(1, 100).with_chunk(0, 74)
-    assert engine.step_costs.predict(probe) == pytest.approx(fake_cost(probe), rel=1e-3)
-    # A's inter-token gaps are the fake step times: 11 ms alone, <= 22 ms beside B's chunks.
+    assert chunks[:6] == [4, 4, 8, 16, 32, 64] and sum(chunks) == 400
+    assert all(90 <= c <= 92 for c in chunks[6:-1])  # the fit's slopes lean a little low
+    probe = StepShape(1, 100).with_chunk(0, 91)
+    assert engine.step_costs.predict(probe) == pytest.approx(fake_cost(probe), rel=1e-2)
+    # A's inter-token gaps are the fake step times: 11 ms alone, <= 24.05 ms beside B's chunks.
     lat = engine.itl.summary()
     assert gaps_before == 9
     assert lat.count == a.num_output_tokens - 1  # B's one token makes no gap
     assert min(lat.recent) == pytest.approx(0.011)
-    assert max(lat.recent) <= AUTO_MULTIPLE * 0.011 + 1e-9
-    assert max(lat.recent) > 0.021  # B's chunks did ride along
+    assert max(lat.recent) <= (0.01305 + (AUTO_MULTIPLE - 1) * 0.011) * 1.01
+    assert max(lat.recent) > 0.023  # B's chunks did ride along
     assert lat.p50 == pytest.approx(0.011)
 
 
