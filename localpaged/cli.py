@@ -17,6 +17,12 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-cache-gb", type=float, default=None, help="memory for the KV cache")
 
 
+def _add_step_bound_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-step-ms", type=float, default=None, metavar="MS",
+                   help="how long a step may take while chats stream and a prompt is read "
+                        "(default: about 2x a decode-only step, learned; 0: no bound)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     parser = argparse.ArgumentParser(prog="localpaged", description=__doc__)
@@ -42,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--local", action="store_true", help="never attach to a running server")
     chat.add_argument("--port", type=int, default=DEFAULT_PORT)
     _add_engine_args(chat)
+    _add_step_bound_arg(chat)
     chat.set_defaults(handler=_lazy("localpaged.chat_launcher", "main"))
 
     serve = sub.add_parser("serve", help="serve the OpenAI- and Ollama-compatible API")
@@ -53,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--allowed-origin", action="append", default=[],
                        help="extra CORS origin to allow (repeatable)")
     _add_engine_args(serve)
+    _add_step_bound_arg(serve)
     serve.set_defaults(handler=_lazy("localpaged.server.app", "main"))
 
     pull = sub.add_parser("pull", help="download a model")

@@ -60,3 +60,21 @@ def test_run_rejects_bad_input_with_a_clear_error(tiny_llama: Path, user_env: di
     assert "temperature" in bad.stderr and "Traceback" not in bad.stderr
     unknown = localpaged("run", "no-such-model:1b", "hi", env=user_env)
     assert unknown.returncode != 0 and "Traceback" not in unknown.stderr
+
+
+def test_max_step_ms_is_an_option_of_chat_and_serve() -> None:
+    from localpaged.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["serve", "--max-step-ms", "80"]).max_step_ms == 80.0
+    assert parser.parse_args(["chat", "--max-step-ms", "0"]).max_step_ms == 0.0
+    assert parser.parse_args(["serve"]).max_step_ms is None  # automatic
+    with pytest.raises(SystemExit):
+        parser.parse_args(["serve", "--max-step-ms", "fast"])
+
+
+def test_a_negative_step_bound_is_refused() -> None:
+    from localpaged.engine.config import EngineArgs
+
+    with pytest.raises(ValueError, match="max_step_ms"):
+        EngineArgs(model="x", max_step_ms=-5)

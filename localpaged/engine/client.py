@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from localpaged.engine.latency import LatencySummary
 from localpaged.engine.request import Logprob, SamplingParams
 from localpaged.model.info import ModelInfo
 
@@ -55,6 +56,8 @@ class EngineStats:
     num_preemptions: int = 0
     steps: int = 0
     max_model_len: int = 0
+    inter_token_latency: LatencySummary = field(default_factory=LatencySummary)
+    step_bound: str = "unknown"  # the step-time bound in force, in words (remote: unknown)
 
     @property
     def prefix_cache_hit_rate(self) -> float:

@@ -15,6 +15,9 @@ class EngineArgs:
 
     kv_cache_gb: memory for KV blocks (default 1 GiB on the CPU, 40% of free memory on CUDA);
     num_kv_blocks overrides it with an exact block count (tests use tiny pools).
+    max_step_ms: the time a step carrying decodes may take, so that a long prompt being read
+    does not stall the chats that are streaming (see engine/step_bound.py): None (default)
+    about 2 x what the decodes alone cost, learned as the engine runs; 0 no bound.
     """
 
     model: str
@@ -27,6 +30,7 @@ class EngineArgs:
     num_kv_blocks: int | None = None
     enable_prefix_caching: bool = True
     max_model_len: int | None = None
+    max_step_ms: float | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in _DTYPES:
@@ -41,6 +45,9 @@ class EngineArgs:
             raise ValueError(f"kv_cache_gb={self.kv_cache_gb} is invalid: expected > 0")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len={self.max_model_len} is invalid: expected >= 2")
+        if self.max_step_ms is not None and not self.max_step_ms >= 0:
+            raise ValueError(f"max_step_ms={self.max_step_ms} is invalid: expected >= 0 "
+                             "(0: no bound; unset: automatic)")
 
     def resolved_device(self) -> str:
         if self.device:

@@ -1,13 +1,16 @@
 """LLMEngine: the step loop. add_request / step / abort, on one model.
 
 A step = schedule -> one forward pass over a flat batch -> sample -> update requests ->
-detokenize new tokens and apply stop strings.
+detokenize new tokens and apply stop strings. Each step is timed: the timings teach the
+scheduler's step-cost model (see step_bound.py) and give the inter-token latencies.
 """
 
 from __future__ import annotations
 
 import itertools
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,9 +19,12 @@ import torch
 from localpaged.engine.client import EngineStats, ModelInfo
 from localpaged.engine.config import EngineArgs
 from localpaged.engine.kv_cache import KVCacheManager
+from localpaged.engine.latency import InterTokenLatency
 from localpaged.engine.request import Logprob, Request, RequestStatus, SamplingParams
 from localpaged.engine.runner import ModelRunner
-from localpaged.engine.scheduler import Scheduler, SchedulerConfig
+from localpaged.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from localpaged.engine.step_bound import AUTO_MULTIPLE, StepTimeBound
+from localpaged.engine.step_cost import StepCostModel, StepShape
 from localpaged.engine.stop import StopChecker
 from localpaged.kernels import check_supported
 from localpaged.model.optimize import describe as describe_optimizations
@@ -65,8 +71,14 @@ class LLMEngine:
         max_len = min(max_len, num_blocks * args.block_size)  # a lone request always fits
         self.max_model_len = max_len
         self.kv = KVCacheManager(num_blocks, args.block_size, args.enable_prefix_caching)
+        self.step_costs = StepCostModel()
+        bound = (None if args.max_step_ms == 0 else
+                 StepTimeBound(self.step_costs, args.max_step_ms, args.block_size))
         self.scheduler = Scheduler(
-            SchedulerConfig(args.max_num_batched_tokens, args.max_num_seqs, max_len), self.kv)
+            SchedulerConfig(args.max_num_batched_tokens, args.max_num_seqs, max_len), self.kv,
+            bound)
+        self.itl = InterTokenLatency()
+        self.clock: Callable[[], float] = time.perf_counter  # tests give a fake one
         self.runner = ModelRunner(model, num_blocks, args.block_size, self.device)
         self.info = info or ModelInfo(name=str(args.model))
         self.info.device, self.info.dtype = str(self.device), str(self.dtype).removeprefix("torch.")
@@ -128,6 +140,7 @@ class LLMEngine:
     def _forget(self, request_id: str) -> None:
         self.stop_checkers.pop(request_id, None)
         self.runner.release(request_id)
+        self.itl.forget(request_id)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
@@ -139,7 +152,11 @@ class LLMEngine:
         if sched.is_empty:
             return []
         self.steps += 1
+        shape = step_shape(sched)
+        started = self.clock()
         sampled, logprobs = self.runner.execute(sched, self.kv)
+        if self.device.type == "cuda":  # a step that samples nothing returns before the GPU is done
+            torch.cuda.synchronize(self.device)
         finished = {r.request_id for r in self.scheduler.update_from_output(sched, sampled)}
         outputs = []
         for s in sched.scheduled:
@@ -160,9 +177,24 @@ class LLMEngine:
                              r.num_cached_tokens, r.num_output_tokens,
                              [logprobs[rid]] if rid in logprobs else [])
             outputs.append(out)
-            if rid in finished:
-                self._forget(rid)
+        now = self.clock()
+        self.step_costs.observe(shape, now - started)
+        for out in outputs:
+            self.itl.token(out.request_id, now)
+            if out.finished:
+                self._forget(out.request_id)
         return outputs
+
+    def describe_step_bound(self) -> str:
+        """The step-time bound in force, for the engine screen."""
+        bound = self.scheduler.time_bound
+        if bound is None:
+            return "off"
+        if bound.fixed_target is not None:
+            return f"{bound.fixed_target * 1e3:g} ms"
+        last = self.scheduler.step_target
+        what = f"{AUTO_MULTIPLE:g} x a decode-only step"
+        return what if last is None else f"{what} (last {last * 1e3:.1f} ms)"
 
     def stats(self) -> EngineStats:
         sch, kv = self.scheduler, self.kv
@@ -173,4 +205,17 @@ class LLMEngine:
             prefix_cache_queries=kv.stats.queries, prefix_cache_hits=kv.stats.hits,
             prompt_tokens_total=sch.num_prompt_tokens_computed,
             generation_tokens_total=sch.num_generated_tokens, num_preemptions=sch.num_preemptions,
-            steps=self.steps, max_model_len=self.max_model_len)
+            steps=self.steps, max_model_len=self.max_model_len,
+            inter_token_latency=self.itl.summary(), step_bound=self.describe_step_bound())
+
+
+def step_shape(out: SchedulerOutput) -> StepShape:
+    """The cost model's view of a scheduled batch (before it runs)."""
+    shape = StepShape()
+    for s in out.scheduled:
+        r = s.request
+        if r.num_tokens - r.num_computed_tokens == 1:
+            shape = shape.with_decode(r.num_tokens)
+        else:
+            shape = shape.with_chunk(r.num_computed_tokens, s.num_new_tokens)
+    return shape

@@ -17,9 +17,13 @@ class LLM:
     """Batch generation on one model: every prompt is submitted at once and continuously
     batched. `model` is a catalog name, an HF folder or a .gguf file; `engine_args` are
     EngineArgs fields (dtype, max_num_batched_tokens, max_num_seqs, block_size, kv_cache_gb,
-    num_kv_blocks, enable_prefix_caching, max_model_len, device)."""
+    num_kv_blocks, enable_prefix_caching, max_model_len, device, max_step_ms).
+
+    Nobody watches an offline batch stream, so the step-time bound is off unless
+    `max_step_ms` is given: prompts are read at the whole token budget."""
 
     def __init__(self, model: str, **engine_args: Any) -> None:
+        engine_args.setdefault("max_step_ms", 0)
         self.engine = LLMEngine.from_args(EngineArgs(model=str(model), **engine_args))
 
     def get_tokenizer(self) -> Any:

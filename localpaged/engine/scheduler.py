@@ -6,6 +6,12 @@ out of blocks the latest-arrived running request is preempted (its blocks freed,
 later, largely from the prefix cache). Fair share: while several requests prefill, each chunk
 is capped, and waiting requests of sessions with fewer running requests go first, so one long
 prompt or one busy session cannot starve the other chats.
+
+With a step-time bound (`StepTimeBound`, fed by the engine's measured step timings), a step
+that carries decodes cuts its prefill chunks to what fits in the bound, so a streaming chat
+does not wait for a long prompt being read; the step's first prefill chunk still gets at
+least one block, so prefill always advances. Chunks are then handed out in the usual order
+(running requests by admission, then waiting ones by session fair share).
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ from dataclasses import dataclass, field
 
 from localpaged.engine.kv_cache import KVCacheManager
 from localpaged.engine.request import Request, RequestStatus
+from localpaged.engine.step_bound import StepChunks, StepTimeBound
+from localpaged.engine.step_cost import StepShape
 
 
 @dataclass
@@ -62,9 +70,12 @@ class SchedulerOutput:
 class Scheduler:
     """Owns the waiting queue and running list; the engine drives it step by step."""
 
-    def __init__(self, config: SchedulerConfig, kv: KVCacheManager) -> None:
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager,
+                 time_bound: StepTimeBound | None = None) -> None:
         self.config = config
         self.kv = kv
+        self.time_bound = time_bound
+        self.step_target: float | None = None  # seconds, of the last step bounded
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
@@ -103,13 +114,25 @@ class Scheduler:
         n_prefilling = sum(1 for r in self.running if r.num_tokens - r.num_computed_tokens > 1)
         n_prefilling += len(self.waiting)
         chunk_cap = budget if n_prefilling <= 1 else self.config.long_prefill_token_threshold
+        decodes = StepShape()
+        for r in self.running:
+            if r.num_tokens - r.num_computed_tokens == 1:
+                decodes = decodes.with_decode(r.num_tokens)
+        chunks = StepChunks(self.time_bound, decodes)
 
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
-            if request.num_tokens - request.num_computed_tokens > 1:  # still reading its prompt
+            prefilling = request.num_tokens - request.num_computed_tokens > 1
+            if prefilling:  # still reading its prompt
                 self._take_blocks_computed_meanwhile(request)
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget, chunk_cap)
+            start = request.num_computed_tokens
+            num_new = min(request.num_tokens - start, budget, chunk_cap)
+            if prefilling:
+                num_new = chunks.size(start, num_new)
+                if num_new == 0:  # no time left in this step: it goes on next step
+                    i += 1
+                    continue
             while not self.kv.allocate_slots(request, num_new):
                 victim = self.running.pop()  # latest admitted first
                 self._preempt(victim)
@@ -119,12 +142,16 @@ class Scheduler:
             else:
                 out.scheduled.append(ScheduledRequest(request, num_new))
                 budget -= num_new
+                if prefilling:
+                    chunks.add(start, num_new)
                 i += 1
                 continue
             break  # the request itself was preempted: nothing after it is left running
 
         if not out.preempted:
-            self._admit_waiting(out, budget, chunk_cap)
+            self._admit_waiting(out, budget, chunk_cap, chunks)
+        if chunks.target is not None:
+            self.step_target = chunks.target
         return out
 
     def _take_blocks_computed_meanwhile(self, request: Request) -> None:
@@ -135,15 +162,24 @@ class Scheduler:
             request.num_computed_tokens += num_hit
             request.num_cached_tokens += num_hit
 
-    def _admit_waiting(self, out: SchedulerOutput, budget: int, chunk_cap: int) -> None:
+    def _admit_waiting(self, out: SchedulerOutput, budget: int, chunk_cap: int,
+                       chunks: StepChunks) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self._next_waiting()
+            # Sized before the prefix-cache lookup (which counts its queries): a request the
+            # step has no time for is not looked up again and again.
+            limit = chunks.size(request.num_computed_tokens,
+                                min(request.num_tokens - request.num_computed_tokens,
+                                    budget, chunk_cap))
+            if limit == 0:
+                self.waiting.appendleft(request)
+                break
             computed: list = []
             num_cached = 0
             if request.num_computed_tokens == 0:
                 computed, num_cached = self.kv.get_computed_blocks(request)
-            remaining = request.num_tokens - request.num_computed_tokens - num_cached
-            num_new = min(remaining, budget, chunk_cap)
+            start = request.num_computed_tokens + num_cached
+            num_new = min(request.num_tokens - start, limit)
             if not self.kv.allocate_slots(request, num_new, computed):
                 # Put it back at the front; the pool frees up as running requests finish.
                 self.waiting.appendleft(request)
@@ -155,6 +191,7 @@ class Scheduler:
             self.running.append(request)
             out.scheduled.append(ScheduledRequest(request, num_new))
             budget -= num_new
+            chunks.add(start, num_new)
 
     def _next_waiting(self) -> Request:
         """The waiting request whose session has the fewest running requests (then oldest)."""

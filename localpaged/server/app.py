@@ -152,7 +152,7 @@ def main(args: argparse.Namespace) -> int:
     from localpaged.cli import DEFAULT_MODEL
     from localpaged.engine.async_engine import LocalClient
 
-    engine_args = {k: getattr(args, k) for k in ("dtype", "device", "max_model_len", "kv_cache_gb")
+    engine_args = {k: getattr(args, k) for k in ("dtype", "device", "max_model_len", "kv_cache_gb", "max_step_ms")
                    if getattr(args, k, None) is not None}
     client = LocalClient.from_model(args.model or DEFAULT_MODEL, **engine_args)
     beyond_loopback = not is_loopback_host(args.host)

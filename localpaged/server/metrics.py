@@ -1,5 +1,6 @@
-"""GET /metrics: Prometheus text exposition from EngineStats plus the server's own latency
-histograms (time to first token, inter-token latency), which only the server can measure."""
+"""GET /metrics: Prometheus text exposition from EngineStats (with the engine's inter-token
+latency histogram, every request's, chat tabs' too) plus the server's own counters and its
+time-to-first-token histogram."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import threading
 from localpaged.engine.client import EngineStats
 
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
-ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 
 
 class Histogram:
@@ -31,15 +31,21 @@ class Histogram:
     def render(self, name: str, help_text: str, labels: str) -> list[str]:
         with self._lock:
             counts, total, n = list(self.counts), self.sum, self.count
-        lines = [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
-        cumulative = 0
-        for bound, c in zip(self.buckets, counts, strict=False):
-            cumulative += c
-            lines.append(f'{name}_bucket{{{labels},le="{bound}"}} {cumulative}')
-        lines.append(f'{name}_bucket{{{labels},le="+Inf"}} {n}')
-        lines.append(f"{name}_sum{{{labels}}} {total}")
-        lines.append(f"{name}_count{{{labels}}} {n}")
-        return lines
+        return render_histogram(name, help_text, labels, self.buckets, counts, total, n)
+
+
+def render_histogram(name: str, help_text: str, labels: str, buckets: tuple[float, ...],
+                     counts: list[int] | tuple[int, ...], total: float, n: int) -> list[str]:
+    """Prometheus lines of a histogram given per-bucket (not cumulative) counts."""
+    lines = [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
+    cumulative = 0
+    for bound, c in zip(buckets, counts, strict=False):
+        cumulative += c
+        lines.append(f'{name}_bucket{{{labels},le="{bound}"}} {cumulative}')
+    lines.append(f'{name}_bucket{{{labels},le="+Inf"}} {n}')
+    lines.append(f"{name}_sum{{{labels}}} {total}")
+    lines.append(f"{name}_count{{{labels}}} {n}")
+    return lines
 
 
 class ServerMetrics:
@@ -47,7 +53,6 @@ class ServerMetrics:
 
     def __init__(self) -> None:
         self.ttft = Histogram(TTFT_BUCKETS)
-        self.itl = Histogram(ITL_BUCKETS)
         self.requests_total: dict[tuple[str, str], int] = {}
         self.rejected_total = 0  # 429s from the queue cap
         self.in_flight = 0
@@ -109,6 +114,12 @@ def render_metrics(stats: EngineStats, server: ServerMetrics) -> str:
         lines.append(f'{name}{{{labels},api="{api}",finish_reason="{reason}"}} {n}')
     lines += server.ttft.render("localpaged_time_to_first_token_seconds",
                                 "Time from request arrival to the first token.", labels)
-    lines += server.itl.render("localpaged_inter_token_latency_seconds",
-                               "Time between streamed chunks of one request.", labels)
+    itl = stats.inter_token_latency
+    lines += render_histogram("localpaged_inter_token_latency_seconds",
+                              "Time between two tokens of one request, as the engine made them.",
+                              labels, itl.buckets, itl.counts, itl.total, itl.count)
+    metric("localpaged_inter_token_latency_p50_seconds", "gauge",
+           "Median inter-token latency over the engine's recent tokens.", itl.p50)
+    metric("localpaged_inter_token_latency_p99_seconds", "gauge",
+           "99th percentile inter-token latency over the engine's recent tokens.", itl.p99)
     return "\n".join(lines) + "\n"

@@ -85,8 +85,6 @@ class Generation:
             if self._last is None:
                 self.first_token_at = now
                 self.state.metrics.ttft.observe(now - self.arrival)
-            else:
-                self.state.metrics.itl.observe(now - self._last)
             self._last = now
         if delta.finished:
             self.finished = True

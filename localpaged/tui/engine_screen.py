@@ -1,4 +1,5 @@
-"""The engine screen: live sparklines of throughput and KV use, and the engine's counters."""
+"""The engine screen: live sparklines of throughput and KV use, and the engine's counters
+(with the inter-token gaps' p50 / p99 and the step-time bound in force)."""
 
 from __future__ import annotations
 
@@ -51,8 +52,19 @@ def describe(stats: EngineStats | None) -> str:
         f"generated tokens   {stats.generation_tokens_total}",
         f"preemptions        {stats.num_preemptions}",
         f"steps              {stats.steps}",
+        f"inter-token gap    {describe_gaps(stats)}",
+        f"step bound         {stats.step_bound}",
         f"max model len      {stats.max_model_len}",
     ])
+
+
+def describe_gaps(stats: EngineStats) -> str:
+    """p50 / p99 of the time between two tokens of a request, over the recent tokens."""
+    itl = stats.inter_token_latency
+    if not itl.recent:
+        return "no tokens yet"
+    return (f"p50 {itl.p50 * 1e3:.1f} ms, p99 {itl.p99 * 1e3:.1f} ms "
+            f"(last {len(itl.recent)} tokens)")
 
 
 class EngineScreen(Screen[None]):

@@ -129,3 +129,19 @@ def test_requests_sharing_a_prefix_compute_it_once_together(model_and_reference:
     computed = llm.engine.stats().prompt_tokens_total
     assert computed <= 96 + 4 * 5 + 3 * 16, computed  # not 4 x 101
     assert sum(o.num_cached_tokens for o in outs) >= 3 * 80
+
+
+def test_chunks_cut_by_the_step_bound_give_the_same_tokens(model_and_reference: tuple) -> None:
+    """A tiny step target: every step that carries a decode reads one block of one prompt
+    only, so prompts are read in other chunks than without the bound. Same tokens."""
+    folder, batch, ref_tokens, ref_logprobs = model_and_reference
+    steps = {}
+    for max_step_ms in (0, 1e-3):
+        llm = LLM(str(folder), dtype="float32", max_num_batched_tokens=64, block_size=4,
+                  max_step_ms=max_step_ms)
+        outs = llm.generate([{"prompt_token_ids": p} for p in batch], GREEDY)
+        check(outs, ref_tokens, ref_logprobs)
+        steps[max_step_ms] = llm.engine.steps
+    assert steps[1e-3] > steps[0]
+    # Offline batches read prompts at the whole budget unless a bound is asked for.
+    assert LLM(str(folder), dtype="float32").engine.scheduler.time_bound is None

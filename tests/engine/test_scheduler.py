@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 from localpaged.engine.kv_cache import KVCacheManager
 from localpaged.engine.request import Request, RequestStatus, SamplingParams
 from localpaged.engine.scheduler import Scheduler, SchedulerConfig
+from localpaged.engine.step_bound import StepTimeBound
+from localpaged.engine.step_cost import StepCostModel, StepShape
 
 
 def next_token(tokens: list[int]) -> int:
@@ -19,9 +21,15 @@ def next_token(tokens: list[int]) -> int:
 
 
 class Sim:
-    def __init__(self, num_blocks: int, bs: int, budget: int, max_seqs: int, caching: bool = True):
+    def __init__(self, num_blocks: int, bs: int, budget: int, max_seqs: int, caching: bool = True,
+                 max_step_ms: float | None = 0):
         self.kv = KVCacheManager(num_blocks, bs, caching)
-        self.s = Scheduler(SchedulerConfig(budget, max_seqs, max_model_len=10_000), self.kv)
+        # A step-time bound (max_step_ms != 0) learns from a simulated clock: 1 ms a step plus
+        # 0.1 ms a token.
+        self.costs = StepCostModel()
+        bound = None if max_step_ms == 0 else StepTimeBound(self.costs, max_step_ms, bs)
+        self.s = Scheduler(SchedulerConfig(budget, max_seqs, max_model_len=10_000), self.kv,
+                           bound)
         self.slots: dict[int, tuple[int, int]] = {}  # slot -> (position, token)
         self.bs = bs
 
@@ -33,8 +41,10 @@ class Sim:
         assert all(x.num_new_tokens >= 1 for x in out.scheduled)
         assert len({x.request.request_id for x in out.scheduled}) == len(out.scheduled)
         sampled = {}
+        shape = StepShape()
         for x in out.scheduled:
             r = x.request
+            shape = shape.with_chunk(r.num_computed_tokens, x.num_new_tokens)
             blocks = self.kv.block_ids(r.request_id)
             start, end = r.num_computed_tokens, r.num_computed_tokens + x.num_new_tokens
             assert end <= r.num_tokens
@@ -45,6 +55,8 @@ class Sim:
                     p, r.all_token_ids[p]), f"{r} reads a wrong slot at position {p}"
             if x.samples:
                 sampled[r.request_id] = next_token(r.all_token_ids)
+        if shape.prefill_tokens:
+            self.costs.observe(shape, 0.001 + 0.0001 * shape.prefill_tokens)
         finished = self.s.update_from_output(out, sampled)
         check_invariants(self.kv)
         return finished
@@ -82,7 +94,8 @@ def test_every_request_finishes_with_exact_tokens(data: st.DataObject) -> None:
     longest = max(len(p) + m for p, m, _ in reqs_spec)
     num_blocks = data.draw(st.integers(-(-longest // bs), 3 * -(-longest // bs) + 4))
     sim = Sim(num_blocks, bs, budget=data.draw(st.integers(1, 24)),
-              max_seqs=data.draw(st.integers(1, 6)), caching=data.draw(st.booleans()))
+              max_seqs=data.draw(st.integers(1, 6)), caching=data.draw(st.booleans()),
+              max_step_ms=data.draw(st.sampled_from([0, None, 0.001, 1.5])))
     reqs = []
     for i, (prompt, max_tokens, session) in enumerate(reqs_spec):
         r = Request(f"r{i}", prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True),

@@ -38,3 +38,9 @@ def test_metrics_exposition(base_url: str, model_name: str, engine_client: Any) 
     assert s[f'localpaged_time_to_first_token_seconds_bucket{{model="{model_name}",le="+Inf"}}'] \
         == s["localpaged_time_to_first_token_seconds_count" + label]
     assert 0.0 <= s["localpaged_prefix_cache_hit_rate" + label] <= 1.0
+    # The engine's inter-token latencies: 4 tokens of that request make 3 gaps at least.
+    itl = "localpaged_inter_token_latency_seconds"
+    assert s[f"{itl}_count" + label] >= 3
+    assert s[f'{itl}_bucket{{model="{model_name}",le="+Inf"}}'] == s[f"{itl}_count" + label]
+    assert 0 < s["localpaged_inter_token_latency_p50_seconds" + label] \
+        <= s["localpaged_inter_token_latency_p99_seconds" + label]

@@ -13,6 +13,7 @@ from textual.command import CommandList
 from textual.pilot import Pilot
 
 from localpaged import chat_launcher
+from localpaged.cli import build_parser
 from localpaged.engine.remote import RemoteClient
 from localpaged.tui.app import ChatApp
 from localpaged.tui.history import History
@@ -131,6 +132,8 @@ def test_launcher_helpers(openai_stub, tmp_path: Path) -> None:
     assert not chat_launcher.server_running(free)
     args = argparse.Namespace(dtype="float32", device=None, max_model_len=512, kv_cache_gb=None)
     assert chat_launcher.engine_args(args) == {"dtype": "float32", "max_model_len": 512}
+    args = build_parser().parse_args(["chat", "--max-step-ms", "0"])  # 0: no step bound
+    assert chat_launcher.engine_args(args) == {"dtype": "auto", "max_step_ms": 0.0}
 
 
 def _args(**kw) -> argparse.Namespace:

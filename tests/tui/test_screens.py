@@ -178,6 +178,11 @@ async def test_engine_screen_shows_counters_and_sparklines(tmp_path: Path, local
         stats = local_client.stats()
         assert f"KV blocks          {stats.kv_blocks_used} / {stats.kv_blocks_total}" in counters
         assert f"generated tokens   {stats.generation_tokens_total}" in counters
+        itl = stats.inter_token_latency
+        assert itl.count >= 1
+        assert (f"inter-token gap    p50 {itl.p50 * 1e3:.1f} ms, p99 {itl.p99 * 1e3:.1f} ms"
+                in counters)
+        assert f"step bound         {stats.step_bound}" in counters
         assert len(app.screen.query(Sparkline)) == 2
         await pilot.press("escape")
         assert isinstance(app.screen, ChatScreen)
