@@ -30,10 +30,12 @@ def load_model_parts(args: EngineArgs) -> tuple[Any, Any, Any, ModelInfo]:
     print(f"localpaged: loading {name} on {device} ...", file=sys.stderr, flush=True)
     model, config = load_model(path, dtype=args.dtype, device=device)
     if path.suffix == ".gguf":
-        from localpaged.model.gguf_loader import tokenizer_from_gguf
+        from localpaged.model.gguf_loader import open_gguf, tokenizer_from_gguf
 
         tokenizer = tokenizer_from_gguf(path)
         fmt = "gguf"
+        print(f"localpaged: {name}: {open_gguf(path).load_summary(model.dtype)}",
+              file=sys.stderr, flush=True)
     elif any((path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
         from localpaged.model.tokenizer import Tokenizer
 

@@ -143,13 +143,13 @@ def load_model(
         gguf = open_gguf(path)
         config = ModelConfig.from_dict(gguf.hf_config())
         # A GGUF's own precision says nothing of the compute dtype: 16-bit by default, where
-        # its Q4_0/Q4_1 matrices stay 4-bit (torch's int4 op on the CPU, Triton on CUDA).
-        # In float32 they are dequantized once here instead (same values, dense matmuls).
+        # its Q4_0/Q4_1/Q4_K matrices stay 4-bit (the C kernels on the CPU, Triton on CUDA)
+        # and the other types are dequantized once. In float32 all are dequantized once here
+        # (same values, dense matmuls). `hf_config()` refused unknown types already.
         if dtype == "auto":
             dtype = torch.float16 if torch.device(device).type == "cuda" else torch.bfloat16
         torch_dtype = parse_dtype(dtype)
-        weights = gguf.weights() if torch_dtype == torch.float32 else gguf.int4_weights()
-        return build_model(config, weights, torch_dtype, device), config
+        return build_model(config, gguf.tensors_for(torch_dtype), torch_dtype, device), config
     config = ModelConfig.from_pretrained(path)
     weights = iter_safetensors(safetensors_files(path))  # lazy: read inside build_model
     torch_dtype = resolve_dtype(dtype, config, device)

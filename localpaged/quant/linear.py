@@ -102,6 +102,10 @@ class QuantLinear(nn.Module):
                 f"[{self.out_features}, {self.in_features}]"
             )
         device = torch.device(device) if device is not None else w.qweight.device
+        # The CPU packings take scale and offset (-zero * scale) from the parts as given
+        # (float32 from the loaders) and round each once to the compute dtype; rounding the
+        # zero-point first would add its own error to fractional ones (GGUF Q4_1, Q4_K).
+        given = w.to(device)
         w = w.to(device, self.dtype)
         self.group_size = w.group_size
         self.perm = w.perm
@@ -110,10 +114,10 @@ class QuantLinear(nn.Module):
         own = fast and cpu_w4.supports(w, self.dtype) and cpu_w4.available()
         self.qweight = self.scales = self.zeros = None
         if own:
-            self.w4_packed, self.w4_sb = cpu_w4.pack(w)
+            self.w4_packed, self.w4_sb = cpu_w4.pack(given)
         if sub is not None:
             self.cpu_group_size = sub
-            self.cpu_packed, self.cpu_scale_zeros = to_cpu_int4pack(w, sub, self.dtype)
+            self.cpu_packed, self.cpu_scale_zeros = to_cpu_int4pack(given, sub, self.dtype)
         elif not own:
             self.qweight, self.scales, self.zeros = w.qweight, w.scales, w.zeros
         if bias is not None:
