@@ -133,6 +133,11 @@ class GGUFFile:
         try:
             self.reader: GGUFReader = GGUFReader(self.path)
         except Exception as exc:  # the reader fails deep in numpy/struct on a damaged header
+            if "is not a valid GGMLQuantizationType" in str(exc):  # a type newer than gguf's
+                raise ValueError(
+                    f"{self.path}: a tensor has a GGML type unknown to this localpaged ({exc}); "
+                    "use another quantization of this model, e.g. Q4_K_M, Q5_K_M, Q6_K or Q8_0"
+                ) from None
             raise ValueError(
                 f"{self.path}: truncated or corrupt GGUF file ({type(exc).__name__}: {exc}); "
                 "download it again"
