@@ -291,7 +291,9 @@ class GGUFFile:
         heads = self._rotary_heads(raw, config)
         if heads:
             values = unpermute_rotary(values, heads)
-        return torch.from_numpy(np.array(values, dtype=np.float32, copy=True))
+        if not values.flags.writeable:  # F32 data is a view of the read-only file mapping
+            values = values.copy()
+        return torch.from_numpy(values)
 
     def weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """HF-named float32 tensors, dequantized and with llama.cpp's q/k permutation undone."""
