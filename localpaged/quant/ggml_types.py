@@ -21,8 +21,9 @@ in ggml-common.h, and `dequantize_row_*` in ggml-quants.c), per block:
 
 In the 32-value types byte j of `qs` holds value j (low nibble) and value j + 16 (high nibble);
 bit j of Q5's `qh` is the fifth bit of value j. The bit positions of the K-quants are in the
-functions below. Float arithmetic follows ggml's (products in float32, in its order), so the
-values equal llama.cpp's and the `gguf` package's bit for bit.
+functions below. Float arithmetic follows ggml's reference C (float32 products in its order),
+so the values equal the `gguf` package's `dequantize` bit for bit (tests/quant); llama.cpp's
+own kernels may differ in the last bit where the compiler fuses a multiply-add.
 """
 
 from __future__ import annotations
