@@ -119,7 +119,12 @@ def reference_model(path: Path, hf_dir: Path) -> torch.nn.Module:
             elif part == "attn_k":
                 w = _unpermute(w, config.num_key_value_heads)
         state[name] = w
-    model = LlamaForCausalLM(config).to(torch.float32).eval()
+    try:  # every weight is loaded below: skip the random init (seconds)
+        from transformers.initialization import no_init_weights
+    except ImportError:  # an older transformers
+        from contextlib import nullcontext as no_init_weights
+    with no_init_weights():
+        model = LlamaForCausalLM(config).to(torch.float32).eval()
     missing, unexpected = model.load_state_dict(state, strict=False)
     assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
     model.tie_weights()
