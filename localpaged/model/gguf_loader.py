@@ -324,8 +324,9 @@ class GGUFFile:
         return self.weights() if dtype == torch.float32 else self.int4_weights()
 
     def load_summary(self, dtype: torch.dtype) -> str:
-        """What `tensors_for(dtype)` does with the matrices of each type, e.g.
-        "Q4_K x 61 kept 4-bit (group 32); Q5_0 x 30, Q6_K x 31 -> bfloat16"."""
+        """What `tensors_for(dtype)` does with the matrices of each type, e.g. (SmolLM2-135M
+        as Q4_K_M) "weights: Q4_K x 16 kept 4-bit (group 32); Q5_0 x 166, Q6_K x 14,
+        Q8_0 x 15 -> bfloat16"."""
         target = str(dtype).removeprefix("torch.")
         kept: dict[str, int] = {}
         converted: dict[str, int] = {}
