@@ -105,8 +105,8 @@ class QuantLinear(nn.Module):
         # The CPU packings take scale and offset (-zero * scale) from the parts as given
         # (float32 from the loaders) and round each once to the compute dtype; rounding the
         # zero-point first would add its own error to fractional ones (GGUF Q4_1, Q4_K).
-        given = w.to(device)
-        w = w.to(device, self.dtype)
+        given = w.to(device) if device.type == "cpu" else w
+        w = given.to(device, self.dtype)
         self.group_size = w.group_size
         self.perm = w.perm
         fast = device.type == "cpu" and self.dtype in CPU_DTYPES and _cpu_int4_ok()
