@@ -24,6 +24,12 @@ def test_cache_dir() -> Path:
     return root
 
 
+@pytest.fixture(scope="session")
+def cache_dir() -> Path:
+    """`test_cache_dir()` as a fixture."""
+    return test_cache_dir()
+
+
 def _save_tiny(path: Path, *, qwen2: bool = False, **overrides: object) -> Path:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM

@@ -46,10 +46,15 @@ def load_model_parts(args: EngineArgs) -> tuple[Any, Any, Any, ModelInfo]:
     print(f"localpaged: computing in {str(model.dtype).removeprefix('torch.')} "
           f"({_dtype_reason(args.dtype, model.dtype, device)})", file=sys.stderr, flush=True)
     if path.suffix == ".gguf":
-        from localpaged.model.gguf_loader import tokenizer_from_gguf
+        from localpaged.model.gguf_loader import open_gguf, tokenizer_from_gguf
 
         tokenizer = tokenizer_from_gguf(path)
         fmt = "gguf"
+        from localpaged.model.loader import gguf_kept_types
+
+        kept = gguf_kept_types(model.dtype, device)
+        print(f"localpaged: {name}: {open_gguf(path).load_summary(model.dtype, kept)}",
+              file=sys.stderr, flush=True)
     elif any((path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
         from localpaged.model.tokenizer import Tokenizer
 

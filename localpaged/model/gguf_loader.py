@@ -1,8 +1,10 @@
 """Read GGUF files (llama.cpp's format) into an HF-style config and HF-named tensors.
 
-Weights are dequantized to float32 at load for now; Q4_0/Q4_1 map exactly onto the packed
-int4 + per-group scale/offset layout of `localpaged.quant`, which can take `GGUFFile.raw_tensors`
-once it lands. Tokenizer, special tokens and chat template come from the GGUF metadata.
+Every tensor type the common llama.cpp presets write is read (`localpaged.quant.ggml_types`):
+`weights()` dequantizes all of them to float32; `int4_weights()` keeps Q4_0/Q4_1/Q4_K matrices
+in 4 bits (`localpaged.quant.ggml_int4`) and dequantizes the others once. A type outside that
+list is refused before any work, naming the tensor. Tokenizer, special tokens and chat
+template come from the GGUF metadata.
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+
+from localpaged.quant import ggml_types
+from localpaged.quant.ggml_int4 import INT4_TYPES, int4_parts
 
 if TYPE_CHECKING:
     from gguf import GGUFReader
@@ -52,7 +57,17 @@ _BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 _SKIPPED = {"rope_freqs.weight"}
 _BIG_FIELDS = {f"tokenizer.ggml.{k}" for k in ("tokens", "scores", "token_type", "merges")}
 
-SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
+SUPPORTED_TYPES = ggml_types.SUPPORTED_TYPES
+
+
+def kept_4bit(dtype: torch.dtype, float32_kernel: bool = False) -> frozenset[str]:
+    """The GGUF types whose matrices stay 4-bit for a model computing in `dtype`: Q4_0/Q4_1/
+    Q4_K in 16-bit; in float32 only where the CPU kernel takes float32 and holds the file's
+    numbers exactly (Q4_0/Q4_1: float16 scales and offsets; Q4_K's d * sc needs more bits).
+    Everything else is dequantized once at load."""
+    if dtype != torch.float32:
+        return INT4_TYPES
+    return frozenset({"Q4_0", "Q4_1"}) if float32_kernel else frozenset()
 
 
 def hf_tensor_name(gguf_name: str) -> str | None:
@@ -128,6 +143,11 @@ class GGUFFile:
         try:
             self.reader: GGUFReader = GGUFReader(self.path)
         except Exception as exc:  # the reader fails deep in numpy/struct on a damaged header
+            if "is not a valid GGMLQuantizationType" in str(exc):  # a type newer than gguf's
+                raise ValueError(
+                    f"{self.path}: a tensor has a GGML type unknown to this localpaged ({exc}); "
+                    "use another quantization of this model, e.g. Q4_K_M, Q5_K_M, Q6_K or Q8_0"
+                ) from None
             raise ValueError(
                 f"{self.path}: truncated or corrupt GGUF file ({type(exc).__name__}: {exc}); "
                 "download it again"
@@ -182,6 +202,7 @@ class GGUFFile:
             raise ValueError(f"{self.path}: corrupt GGUF metadata ({type(exc).__name__}: {exc})") from None
 
     def _hf_config(self) -> dict[str, Any]:
+        self.check_types()
         arch = self.architecture
         if arch not in _ARCHS:
             raise ValueError(
@@ -259,18 +280,20 @@ class GGUFFile:
                              f"split into {heads} heads of an even size (corrupt metadata?)")
         return heads
 
-    def _dense(self, raw: RawTensor, config: dict[str, Any]) -> torch.Tensor:
-        from gguf import GGMLQuantizationType
-        from gguf.quants import dequantize
+    def check_types(self) -> None:
+        """Refuse a file holding a tensor type localpaged cannot read, before any work."""
+        for t in self.reader.tensors:
+            name = t.tensor_type.name
+            if name not in SUPPORTED_TYPES and t.name not in _SKIPPED:
+                raise ValueError(
+                    f"{self.path}: tensor {t.name} has GGML type {name}, which localpaged cannot "
+                    f"read (it reads {', '.join(SUPPORTED_TYPES)}); use another quantization of "
+                    "this model, e.g. Q4_K_M, Q5_K_M, Q6_K or Q8_0"
+                )
 
-        if raw.type_name not in SUPPORTED_TYPES:
-            raise ValueError(
-                f"{self.path}: tensor {raw.gguf_name} has GGML type {raw.type_name}; "
-                f"supported: {', '.join(SUPPORTED_TYPES)}"
-            )
+    def _dense(self, raw: RawTensor, config: dict[str, Any]) -> torch.Tensor:
         try:
-            values = dequantize(np.asarray(raw.data), GGMLQuantizationType[raw.type_name])
-            values = values.astype(np.float32, copy=False).reshape(raw.shape)
+            values = ggml_types.dequantize(raw.type_name, raw.data, raw.shape)
         except Exception as exc:
             raise ValueError(
                 f"{self.path}: cannot read tensor {raw.gguf_name} ({raw.type_name}): {exc}"
@@ -278,7 +301,9 @@ class GGUFFile:
         heads = self._rotary_heads(raw, config)
         if heads:
             values = unpermute_rotary(values, heads)
-        return torch.from_numpy(np.array(values, dtype=np.float32, copy=True))
+        if not values.flags.writeable:  # F32 data is a view of the read-only file mapping
+            values = values.copy()
+        return torch.from_numpy(values)
 
     def weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """HF-named float32 tensors, dequantized and with llama.cpp's q/k permutation undone."""
@@ -286,13 +311,14 @@ class GGUFFile:
         for raw in self.raw_tensors():
             yield raw.name, self._dense(raw, config)
 
-    def int4_weights(self) -> Iterator[tuple[str, Any]]:
-        """Like `weights()`, but Q4_0/Q4_1 matrices come as `localpaged.quant.layout.Int4Weight`
-        (group size 32) and stay 4-bit: Q4_0 is `(q - 8) * d`, Q4_1 `d * q + m` (zero point
-        `-m / d`). Every other tensor is dequantized to float32 as in `weights()`."""
+    def int4_weights(self, types: frozenset[str] = INT4_TYPES) -> Iterator[tuple[str, Any]]:
+        """Like `weights()`, but matrices of `types` (default Q4_0/Q4_1/Q4_K) come as
+        `localpaged.quant.layout.Int4Weight` (group size 32) and stay 4-bit (see
+        `localpaged.quant.ggml_int4`). Every other tensor is dequantized to float32 as in
+        `weights()`, once, here."""
         config = self.hf_config()
         for raw in self.raw_tensors():
-            if raw.type_name in ("Q4_0", "Q4_1") and len(raw.shape) == 2:
+            if raw.type_name in types and len(raw.shape) == 2:
                 yield raw.name, q4_to_int4(raw, self._rotary_heads(raw, config))
             else:
                 yield raw.name, self._dense(raw, config)
@@ -302,9 +328,49 @@ class GGUFFile:
         value = self.metadata.get("tokenizer.chat_template")
         return value if isinstance(value, str) else None
 
+    def tensors_for(self, dtype: torch.dtype,
+                    kept: frozenset[str] | None = None) -> Iterator[tuple[str, Any]]:
+        """The weights to build a model computing in `dtype` from: the matrices of the types
+        `kept` 4-bit (default: Q4_0/Q4_1/Q4_K in 16-bit, none in float32), the rest dense."""
+        kept = kept_4bit(dtype) if kept is None else kept
+        return self.int4_weights(kept) if kept else self.weights()
+
+    def load_summary(self, dtype: torch.dtype, kept: frozenset[str] | None = None) -> str:
+        """What `tensors_for(dtype, kept)` does with the matrices of each type, e.g.
+        (SmolLM2-135M as Q4_K_M) "weights: Q4_K x 16 kept 4-bit (group 32); Q5_0 x 166,
+        Q6_K x 14, Q8_0 x 15 -> bfloat16"."""
+        kept = kept_4bit(dtype) if kept is None else kept
+        target = str(dtype).removeprefix("torch.")
+        kept: dict[str, int] = {}
+        converted: dict[str, int] = {}
+        for t in self.reader.tensors:
+            kind = t.tensor_type.name
+            if len(t.shape) != 2 or (kind, target) in (("F32", "float32"), ("BF16", "bfloat16")):
+                continue
+            keep = kind in kept and t.name != "token_embd.weight"
+            counts = kept if keep else converted
+            counts[kind] = counts.get(kind, 0) + 1
+        parts = []
+        if kept:
+            parts.append(", ".join(f"{k} x {n}" for k, n in sorted(kept.items()))
+                         + " kept 4-bit (group 32)")
+        if converted:
+            parts.append(", ".join(f"{k} x {n}" for k, n in sorted(converted.items()))
+                         + f" -> {target}")
+        return "weights: " + ("; ".join(parts) or f"all {target}")
+
     @property
     def quantization(self) -> str:
-        """The most common weight type of the 2-D tensors, e.g. "Q4_1"."""
+        """The file's preset when it names one (e.g. "Q4_K_M"), else the most common weight
+        type of the 2-D tensors (e.g. "Q4_1")."""
+        from gguf import LlamaFileType
+
+        try:
+            preset = LlamaFileType(int(self.metadata.get("general.file_type", -1))).name
+        except (TypeError, ValueError):
+            preset = "GUESSED"
+        if preset != "GUESSED":
+            return "F32" if preset == "ALL_F32" else preset.removeprefix("MOSTLY_")
         counts: dict[str, int] = {}
         for t in self.reader.tensors:
             if len(t.shape) == 2:
@@ -349,30 +415,20 @@ def open_gguf(path: str | Path) -> GGUFFile:
 
 
 def q4_to_int4(raw: RawTensor, rotary_heads: int | None = None) -> Any:
-    """A GGUF Q4_0 / Q4_1 matrix as an `Int4Weight` (exactly the same values), with llama.cpp's
-    q/k row permutation undone when `rotary_heads` is given."""
+    """A GGUF Q4_0 / Q4_1 / Q4_K matrix as an `Int4Weight` (the same values, group size 32),
+    with llama.cpp's q/k row permutation undone when `rotary_heads` is given."""
     from localpaged.quant.layout import from_codes
 
     n, k = raw.shape
-    if k % 32:
-        raise ValueError(f"tensor {raw.gguf_name}: {k} input features is not a multiple of 32")
-    offset = 4 if raw.type_name == "Q4_1" else 2
-    blocks = np.asarray(raw.data, dtype=np.uint8).reshape(n, k // 32, offset + 16)
-    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)  # [N, G]
-    qs = blocks[..., offset:]
-    codes = np.concatenate([qs & 0xF, qs >> 4], axis=-1).reshape(n, k)  # low nibbles first
-    if raw.type_name == "Q4_1":
-        m = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
-        nonzero = d != 0
-        zeros = np.where(nonzero, -m / np.where(nonzero, d, 1), -1.0)  # d == 0: all codes are 0
-        scales = np.where(nonzero, d, m)
-    else:
-        scales, zeros = d, np.full_like(d, 8.0)
+    try:
+        codes, scales, zeros = int4_parts(raw.type_name, raw.data, n, k)
+    except ValueError as exc:
+        raise ValueError(f"tensor {raw.gguf_name}: {exc}") from None
     if rotary_heads:
         codes, scales, zeros = (unpermute_rotary(a, rotary_heads) for a in (codes, scales, zeros))
     return from_codes(torch.from_numpy(codes.T.astype(np.int32)),
-                      torch.from_numpy(np.ascontiguousarray(scales.T, dtype=np.float32)),
-                      torch.from_numpy(np.ascontiguousarray(zeros.T, dtype=np.float32)), 32)
+                      torch.from_numpy(np.ascontiguousarray(scales.T)),
+                      torch.from_numpy(np.ascontiguousarray(zeros.T)), 32)
 
 
 def read_gguf(path: str | Path) -> tuple[dict[str, Any], Iterator[tuple[str, torch.Tensor]]]:

@@ -146,13 +146,16 @@ def iter_safetensors(files: Iterable[Path]) -> Iterator[tuple[str, torch.Tensor]
                 yield name, f.get_tensor(name)
 
 
-def _cpu_4bit_float32(device: torch.device | str) -> bool:
-    """Whether 4-bit matrices computed in float32 run on the own CPU kernel here."""
-    if torch.device(device).type != "cpu":
-        return False
-    from localpaged.quant import cpu_w4
+def gguf_kept_types(dtype: torch.dtype, device: torch.device | str) -> frozenset[str]:
+    """The GGUF types kept 4-bit for a model computing in `dtype` on `device`."""
+    from localpaged.model.gguf_loader import kept_4bit
 
-    return cpu_w4.available()
+    float32_kernel = False
+    if torch.device(device).type == "cpu":
+        from localpaged.quant import cpu_w4
+
+        float32_kernel = cpu_w4.available()
+    return kept_4bit(dtype, float32_kernel)
 
 
 def load_model(
@@ -167,13 +170,13 @@ def load_model(
         gguf = open_gguf(path)
         config = ModelConfig.from_dict(gguf.hf_config())
         # A GGUF's own precision says nothing of the compute dtype: by default 16-bit on
-        # CUDA, on the CPU what the CPU computes fastest. Its Q4_0/Q4_1 matrices stay 4-bit
-        # (the own CPU kernel in bf16 or float32, torch's int4 op, Triton on CUDA); where no
-        # 4-bit path takes float32 they are dequantized once here (same values, dense).
+        # CUDA, on the CPU what the CPU computes fastest. Its Q4_0/Q4_1/Q4_K matrices stay
+        # 4-bit (the own CPU kernel in bf16 or float32, torch's int4 op, Triton on CUDA); the
+        # other types are dequantized once here. `hf_config()` refused unknown types already.
         torch_dtype = resolve_dtype(dtype, None, device)
-        dense = torch_dtype == torch.float32 and not _cpu_4bit_float32(device)
-        weights = gguf.weights() if dense else gguf.int4_weights()
-        return build_model(config, weights, torch_dtype, device), config
+        kept = gguf_kept_types(torch_dtype, device)
+        return build_model(config, gguf.tensors_for(torch_dtype, kept), torch_dtype,
+                           device), config
     config = ModelConfig.from_pretrained(path)
     weights = iter_safetensors(safetensors_files(path))  # lazy: read inside build_model
     torch_dtype = resolve_dtype(dtype, config, device)

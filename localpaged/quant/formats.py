@@ -181,40 +181,20 @@ def awq_to_int4(
 # ----------------------------------------------------------------------------------- GGUF
 
 GGUF_BLOCK = 32
-_GGUF_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20}
 
 
 def gguf_q4_to_int4(kind: str, data: np.ndarray | bytes, out_features: int, in_features: int) -> Int4Weight:
-    """GGUF Q4_0 / Q4_1 bytes of a `[out, in]` weight -> `Int4Weight` (group size 32).
+    """GGUF Q4_0 / Q4_1 / Q4_K bytes of a `[out, in]` weight -> `Int4Weight` (group size 32),
+    the same values (see `localpaged.quant.ggml_int4`). Q4_0: `w = (q - 8) * d`; Q4_1:
+    `w = q * d + m`, zero-point `-m / d`; a constant block (`d == 0`) gets codes 0, scale `m`,
+    zero-point -1."""
+    from localpaged.quant.ggml_int4 import int4_parts
 
-    A block of 32 inputs is `f16 d` (+ `f16 m` for Q4_1) then 16 bytes: byte j holds input j
-    in its low nibble and input j + 16 in its high nibble. Q4_0: `w = (q - 8) * d`;
-    Q4_1: `w = q * d + m`, i.e. zero-point `-m / d` (a constant block with `d == 0` gets
-    codes 0, scale `m`, zero-point -1)."""
-    if kind not in _GGUF_BLOCK_BYTES:
-        raise ValueError(f"GGUF type {kind!r}: supported are {', '.join(_GGUF_BLOCK_BYTES)}")
-    if in_features % GGUF_BLOCK:
-        raise ValueError(f"GGUF {kind}: in_features {in_features} is not a multiple of 32")
-    nbytes = _GGUF_BLOCK_BYTES[kind]
     raw = np.frombuffer(bytes(data) if isinstance(data, bytes) else data.tobytes(), dtype=np.uint8)
-    groups = in_features // GGUF_BLOCK
-    if raw.size != out_features * groups * nbytes:
-        raise ValueError(
-            f"GGUF {kind}: expected {out_features * groups * nbytes} bytes for "
-            f"[{out_features}, {in_features}], found {raw.size}"
-        )
-    blocks = raw.reshape(out_features, groups, nbytes)
-    head = 4 if kind == "Q4_1" else 2
-    d = torch.from_numpy(blocks[..., :2].copy().view(np.float16)[..., 0].astype(np.float32))
-    qs = torch.from_numpy(blocks[..., head:].astype(np.int32))  # [N, G, 16]
-    codes = torch.cat((qs & 0xF, qs >> 4), dim=-1)  # [N, G, 32]: inputs 0..15, 16..31
-    if kind == "Q4_0":
-        zeros = torch.full_like(d, 8.0)
-    else:
-        m = torch.from_numpy(blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32))
-        flat = d == 0
-        zeros = torch.where(flat, torch.full_like(d, -1.0), -m / torch.where(flat, 1.0, d))
-        d = torch.where(flat, m, d)
-        codes = torch.where(flat[..., None], 0, codes)
-    codes = codes.reshape(out_features, in_features).t()
-    return from_codes(codes, d.t().contiguous(), zeros.t().contiguous(), GGUF_BLOCK)
+    try:
+        codes, scales, zeros = int4_parts(kind, raw, out_features, in_features)
+    except ValueError as exc:
+        raise ValueError(f"GGUF {kind} [{out_features}, {in_features}]: {exc}") from None
+    return from_codes(torch.from_numpy(codes.T.astype(np.int32)),
+                      torch.from_numpy(np.ascontiguousarray(scales.T)),
+                      torch.from_numpy(np.ascontiguousarray(zeros.T)), GGUF_BLOCK)

@@ -102,7 +102,12 @@ class QuantLinear(nn.Module):
                 f"[{self.out_features}, {self.in_features}]"
             )
         device = torch.device(device) if device is not None else w.qweight.device
-        w = w.to(device, self.dtype)
+        # The CPU packings take scale and offset (-zero * scale) from the parts as given
+        # (float32 from the loaders) and round each once (float16 for the own kernel, the
+        # compute dtype for torch's op); rounding the
+        # zero-point first would add its own error to fractional ones (GGUF Q4_1, Q4_K).
+        given = w.to(device) if device.type == "cpu" else w
+        w = given.to(device, self.dtype)
         self.group_size = w.group_size
         self.perm = w.perm
         fast = device.type == "cpu" and self.dtype in CPU_DTYPES and _cpu_int4_ok()
@@ -113,10 +118,10 @@ class QuantLinear(nn.Module):
                and (self.dtype != torch.float32 or cpu_w4.holds_exactly(w)))
         self.qweight = self.scales = self.zeros = None
         if own:
-            self.w4_packed, self.w4_sb = cpu_w4.pack(w)
+            self.w4_packed, self.w4_sb = cpu_w4.pack(given)
         if sub is not None:
             self.cpu_group_size = sub
-            self.cpu_packed, self.cpu_scale_zeros = to_cpu_int4pack(w, sub, self.dtype)
+            self.cpu_packed, self.cpu_scale_zeros = to_cpu_int4pack(given, sub, self.dtype)
         elif not own:
             self.qweight, self.scales, self.zeros = w.qweight, w.scales, w.zeros
         if bias is not None:

@@ -61,8 +61,10 @@ def gguf_name(hf: str) -> str:
 
 
 def write_tiny_gguf(path: Path, qtype: str = "Q8_0", weights: dict[str, np.ndarray] | None = None,
-                    tie: bool = False, rope_freqs: np.ndarray | None = None) -> Path:
-    """A 1-layer Llama GGUF whose 2-D weights are stored as `qtype` (F32, F16, Q8_0, Q4_0...)."""
+                    tie: bool = False, rope_freqs: np.ndarray | None = None,
+                    types: dict[str, str] | None = None) -> Path:
+    """A 1-layer Llama GGUF whose 2-D weights are stored as `qtype` (F32, F16, Q8_0, Q4_0...),
+    or as `types[hf_name]` for the ones named there (a mixed file, as llama.cpp's presets)."""
     import gguf
     from gguf.quants import quantize
 
@@ -83,16 +85,17 @@ def write_tiny_gguf(path: Path, qtype: str = "Q8_0", weights: dict[str, np.ndarr
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
     w.add_chat_template(TEMPLATE)
-    kind = gguf.GGMLQuantizationType[qtype]
     for hf, value in weights.items():
         if tie and hf == "lm_head.weight":
             continue
+        name = (types or {}).get(hf, qtype)
+        kind = gguf.GGMLQuantizationType[name]
         if "q_proj" in hf:
             value = llama_cpp_permute(value, HEADS)
         elif "k_proj" in hf:
             value = llama_cpp_permute(value, KV_HEADS)
-        if value.ndim == 2 and qtype != "F32":
-            if qtype == "F16":
+        if value.ndim == 2 and name != "F32":
+            if name == "F16":
                 w.add_tensor(gguf_name(hf), value.astype(np.float16))
             else:
                 w.add_tensor(gguf_name(hf), quantize(value, kind), raw_dtype=kind)

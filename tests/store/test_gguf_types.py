@@ -1,0 +1,132 @@
+"""GGUF files mixing tensor types the way llama.cpp's presets do: each tensor takes its own
+path (4-bit kept, others dequantized once), the load line says which, Q4_K matrices map onto
+the 4-bit layout exactly, and a type localpaged cannot read is refused before any work."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from ggufmaker import HEADS, write_tiny_gguf
+
+from localpaged.model.gguf_loader import RawTensor, open_gguf, q4_to_int4, unpermute_rotary
+from localpaged.quant import ggml_types
+from localpaged.quant.layout import Int4Weight
+
+P = "model.layers.0."
+MIXED = {P + "self_attn.k_proj.weight": "Q5_0", P + "self_attn.v_proj.weight": "Q8_0",
+         P + "mlp.down_proj.weight": "Q5_1", P + "mlp.up_proj.weight": "Q4_0"}  # rest Q4_1
+
+
+def test_mixed_file_each_tensor_takes_its_path(tmp_path: Path) -> None:
+    gguf = open_gguf(write_tiny_gguf(tmp_path / "mixed.gguf", "Q4_1", types=MIXED))
+    dense = dict(gguf.weights())
+    for name, value in gguf.int4_weights():
+        kind = MIXED.get(name, "Q4_1")
+        if isinstance(value, Int4Weight):
+            assert kind in ("Q4_0", "Q4_1"), name  # (the embedding is dequantized when installed)
+            torch.testing.assert_close(value.dequantize(), dense[name], rtol=0, atol=1e-6)
+        else:
+            assert value.ndim == 1 or kind not in ("Q4_0", "Q4_1"), name
+            assert torch.equal(value, dense[name]), name
+    assert gguf.load_summary(torch.bfloat16) == (
+        "weights: Q4_0 x 1, Q4_1 x 4 kept 4-bit (group 32); Q4_1 x 1, Q5_0 x 1, Q5_1 x 1, "
+        "Q8_0 x 1 -> bfloat16")
+    assert gguf.load_summary(torch.float32) == (
+        "weights: Q4_0 x 1, Q4_1 x 5, Q5_0 x 1, Q5_1 x 1, Q8_0 x 1 -> float32")
+
+
+def test_mixed_file_loads_and_runs_in_both_dtypes(tmp_path: Path) -> None:
+    from localpaged.model.loader import load_model
+    from localpaged.quant.linear import QuantLinear
+
+    path = write_tiny_gguf(tmp_path / "mixed.gguf", "Q4_1", types=MIXED)
+    exact, _ = load_model(path, dtype="float32")
+    packed, _ = load_model(path)
+    layer = packed.model.layers[0]
+    assert isinstance(layer.self_attn.q_proj, QuantLinear)  # Q4_1: 4-bit
+    assert isinstance(layer.mlp.up_proj, QuantLinear)  # Q4_0: 4-bit
+    assert isinstance(layer.mlp.down_proj, torch.nn.Linear)  # Q5_1: dequantized once
+    assert layer.mlp.down_proj.weight.dtype == torch.bfloat16
+    want = exact.model.layers[0].mlp.down_proj.weight.to(torch.bfloat16)
+    assert torch.equal(layer.mlp.down_proj.weight, want)
+
+
+def _q4_k_bytes(n: int, k: int, seed: int) -> np.ndarray:
+    """Random Q4_K blocks with sane f16 d / dmin (random bytes make NaN/inf ones)."""
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, size=(n * k // 256, 144), dtype=np.uint8)
+    for at in (0, 2):
+        blocks[:, at:at + 2] = rng.uniform(0, 1e-3, blocks.shape[0]).astype(np.float16).view(
+            np.uint8).reshape(-1, 2)
+    return blocks.reshape(n, -1)
+
+
+def test_q4_k_matrix_maps_onto_int4_exactly() -> None:
+    """A Q4_K attn_q matrix as Int4Weight: the file's values, q/k permutation undone."""
+    n, k = 64, 512
+    data = _q4_k_bytes(n, k, seed=5)
+    raw = RawTensor("model.layers.0.self_attn.q_proj.weight", "blk.0.attn_q.weight", "Q4_K",
+                    (n, k), data)
+    w = q4_to_int4(raw, HEADS)
+    assert w.group_size == 32 and (w.out_features, w.in_features) == (n, k)
+    want = unpermute_rotary(ggml_types.dequantize("Q4_K", data, (n, k)), HEADS)
+    torch.testing.assert_close(w.dequantize(), torch.from_numpy(want), rtol=0,
+                               atol=2e-6 * float(np.abs(want).max()))
+
+
+def _file_with(path: Path, type_name: str) -> Path:
+    """A tiny llama GGUF whose ffn_down is replaced by a `[64, 256]` tensor of `type_name`
+    (raw bytes: the reader must refuse it before reading them)."""
+    import gguf
+
+    block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[type_name]]
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(1)
+    writer.add_embedding_length(256)
+    writer.add_head_count(4)
+    writer.add_feed_forward_length(64)
+    writer.add_tensor("token_embd.weight", np.zeros((8, 256), dtype=np.float32))
+    writer.add_tensor("blk.0.ffn_down.weight", np.zeros((64, 256 // block * size), dtype=np.uint8),
+                      raw_dtype=gguf.GGMLQuantizationType[type_name])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.mark.parametrize("type_name", ["IQ2_XXS", "IQ3_S", "IQ1_M", "TQ1_0", "TQ2_0", "MXFP4"])
+def test_unknown_type_is_refused_before_any_work(tmp_path: Path, type_name: str,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from localpaged.model import loader
+
+    def no_build(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the model was built")
+
+    monkeypatch.setattr(loader, "build_model", no_build)
+    path = _file_with(tmp_path / f"{type_name}.gguf", type_name)
+    for dtype in ("float32", "auto"):
+        with pytest.raises(ValueError) as err:
+            loader.load_model(path, dtype=dtype)
+        msg = str(err.value)
+        assert f"tensor blk.0.ffn_down.weight has GGML type {type_name}" in msg
+        assert str(path) in msg and "use another quantization of this model, e.g. Q4_K_M" in msg
+
+
+def test_type_id_unknown_to_the_gguf_package_is_refused(tmp_path: Path) -> None:
+    """A type newer than the installed `gguf` package (id 99 here) is not called corrupt."""
+    import struct
+
+    path = write_tiny_gguf(tmp_path / "new-type.gguf", "Q8_0")
+    data = bytearray(path.read_bytes())
+    name = b"blk.0.ffn_down.weight"
+    at = data.index(name) + len(name)  # then: n_dims u32, dims u64 x n_dims, type u32
+    n_dims = struct.unpack_from("<I", data, at)[0]
+    struct.pack_into("<I", data, at + 4 + 8 * n_dims, 99)
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=r"GGML type unknown to this localpaged .*use another "
+                                         r"quantization of this model, e.g. Q4_K_M"):
+        open_gguf(path)
