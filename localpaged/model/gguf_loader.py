@@ -66,7 +66,7 @@ def kept_4bit(dtype: torch.dtype, float32_kernel: bool = False) -> frozenset[str
     numbers exactly (Q4_0/Q4_1: float16 scales and offsets; Q4_K's d * sc needs more bits).
     Everything else is dequantized once at load."""
     if dtype != torch.float32:
-        return INT4_TYPES
+        return frozenset(INT4_TYPES)
     return frozenset({"Q4_0", "Q4_1"}) if float32_kernel else frozenset()
 
 
@@ -339,20 +339,19 @@ class GGUFFile:
         """What `tensors_for(dtype, kept)` does with the matrices of each type, e.g.
         (SmolLM2-135M as Q4_K_M) "weights: Q4_K x 16 kept 4-bit (group 32); Q5_0 x 166,
         Q6_K x 14, Q8_0 x 15 -> bfloat16"."""
-        kept = kept_4bit(dtype) if kept is None else kept
+        types = kept_4bit(dtype) if kept is None else kept
         target = str(dtype).removeprefix("torch.")
-        kept: dict[str, int] = {}
+        four_bit: dict[str, int] = {}
         converted: dict[str, int] = {}
         for t in self.reader.tensors:
             kind = t.tensor_type.name
             if len(t.shape) != 2 or (kind, target) in (("F32", "float32"), ("BF16", "bfloat16")):
                 continue
-            keep = kind in kept and t.name != "token_embd.weight"
-            counts = kept if keep else converted
+            counts = four_bit if kind in types and t.name != "token_embd.weight" else converted
             counts[kind] = counts.get(kind, 0) + 1
         parts = []
-        if kept:
-            parts.append(", ".join(f"{k} x {n}" for k, n in sorted(kept.items()))
+        if four_bit:
+            parts.append(", ".join(f"{k} x {n}" for k, n in sorted(four_bit.items()))
                          + " kept 4-bit (group 32)")
         if converted:
             parts.append(", ".join(f"{k} x {n}" for k, n in sorted(converted.items()))

@@ -31,7 +31,11 @@ def _to_4bit(model: nn.Module) -> None:
             for name in names:
                 lin = getattr(parent, name)
                 q = awq_quantize(lin.weight.float(), 32)
-                w = from_codes(q.codes, q.scales, q.zeros.float(), 32)
+                # Scales and offsets in float16, as a GGUF Q4_1 file holds them: a float32
+                # model takes the own kernel only for weights it holds exactly.
+                s = q.scales.float().half().float()
+                b = (-q.zeros.float() * s).half().float()
+                w = from_codes(q.codes, s, -b / s, 32)
                 setattr(parent, name, QuantLinear.from_int4(w, lin.bias, model.dtype, "cpu"))
 
 

@@ -11,7 +11,13 @@ import pytest
 import torch
 from ggufmaker import HEADS, write_tiny_gguf
 
-from localpaged.model.gguf_loader import RawTensor, open_gguf, q4_to_int4, unpermute_rotary
+from localpaged.model.gguf_loader import (
+    RawTensor,
+    kept_4bit,
+    open_gguf,
+    q4_to_int4,
+    unpermute_rotary,
+)
 from localpaged.quant import ggml_types
 from localpaged.quant.layout import Int4Weight
 
@@ -36,6 +42,10 @@ def test_mixed_file_each_tensor_takes_its_path(tmp_path: Path) -> None:
         "Q8_0 x 1 -> bfloat16")
     assert gguf.load_summary(torch.float32) == (
         "weights: Q4_0 x 1, Q4_1 x 5, Q5_0 x 1, Q5_1 x 1, Q8_0 x 1 -> float32")
+    # float32 on the own CPU kernel: Q4_0 / Q4_1 stay 4-bit (it holds them exactly)
+    assert gguf.load_summary(torch.float32, kept_4bit(torch.float32, True)) == (
+        "weights: Q4_0 x 1, Q4_1 x 4 kept 4-bit (group 32); Q4_1 x 1, Q5_0 x 1, Q5_1 x 1, "
+        "Q8_0 x 1 -> float32")
 
 
 def test_mixed_file_loads_and_runs_in_both_dtypes(tmp_path: Path) -> None:
