@@ -104,8 +104,8 @@ class QuantLinear(nn.Module):
         device = torch.device(device) if device is not None else w.qweight.device
         # The CPU packings take scale and offset (-zero * scale) from the parts as given
         # (float32 from the loaders) and round each once (float16 for the own kernel, the
-        # compute dtype for torch's op); rounding the
-        # zero-point first would add its own error to fractional ones (GGUF Q4_1, Q4_K).
+        # compute dtype for torch's op); rounding the zero-point first would add its own
+        # error to fractional ones (GGUF Q4_1, Q4_K).
         given = w.to(device) if device.type == "cpu" else w
         w = given.to(device, self.dtype)
         self.group_size = w.group_size
