@@ -144,27 +144,24 @@ static void tile_rows_bf16(const uint8_t *wp, const uint16_t *sbp, const uint16_
 #endif
 
 /* Plain C, on float rows: for each pair of K, the two codes of the 16 columns become floats
- * once, then every row takes its two products; per group, the scale and offset are applied.
- * Inlined once per row count, so the compiler keeps the sums in registers. */
-static inline __attribute__((always_inline)) void tile_rows_f32_n(
-        const uint8_t *wp, const uint16_t *sbp, const float *x, const float *xs,
-        float acc[MAX_ROWS][TILE], int rows, int k, int gs) {
+ * once, then every row takes its two products; per group, the scale and offset are applied. */
+static void tile_rows_f32(const uint8_t *wp, const uint16_t *sbp, const float *x, const float *xs,
+                          float acc[MAX_ROWS][TILE], int rows, int k, int gs) {
     const int groups = k / gs, pairs = gs / 2;
     float dot[MAX_ROWS][TILE], lo[TILE], hi[TILE], s[TILE], b[TILE];
-    for (int m = 0; m < rows; m++)
-        for (int j = 0; j < TILE; j++) acc[m][j] = 0.f;
+    memset(acc, 0, sizeof(float) * MAX_ROWS * TILE);
     for (int g = 0; g < groups; g++) {
-        for (int m = 0; m < rows; m++)
-            for (int j = 0; j < TILE; j++) dot[m][j] = 0.f;
+        memset(dot, 0, sizeof dot);
         const uint8_t *gp = wp + (size_t)g * pairs * TILE;
-        const float *xg = x + (size_t)g * gs;
         for (int p = 0; p < pairs; p++) {
             for (int j = 0; j < TILE; j++) {
                 lo[j] = (float)(gp[p * TILE + j] & 15);
                 hi[j] = (float)(gp[p * TILE + j] >> 4);
             }
             for (int m = 0; m < rows; m++) {
-                const float x0 = xg[(size_t)m * k + 2 * p], x1 = xg[(size_t)m * k + 2 * p + 1];
+                const float *xm = x + (size_t)m * k + (size_t)g * gs + 2 * p;
+                const float x0 = xm[0], x1 = xm[1];
+#pragma omp simd
                 for (int j = 0; j < TILE; j++) dot[m][j] += lo[j] * x0 + hi[j] * x1;
             }
         }
@@ -175,18 +172,9 @@ static inline __attribute__((always_inline)) void tile_rows_f32_n(
         }
         for (int m = 0; m < rows; m++) {
             const float sx = xs[(size_t)m * groups + g];
+#pragma omp simd
             for (int j = 0; j < TILE; j++) acc[m][j] += s[j] * dot[m][j] + b[j] * sx;
         }
-    }
-}
-
-static void tile_rows_f32(const uint8_t *wp, const uint16_t *sbp, const float *x, const float *xs,
-                          float acc[MAX_ROWS][TILE], int rows, int k, int gs) {
-    switch (rows) {
-#define W4F_CASE(r) case r: tile_rows_f32_n(wp, sbp, x, xs, acc, r, k, gs); break;
-        W4F_CASE(1) W4F_CASE(2) W4F_CASE(3) W4F_CASE(4) W4F_CASE(5) W4F_CASE(6) W4F_CASE(7)
-        W4F_CASE(8)
-#undef W4F_CASE
     }
 }
 
