@@ -157,3 +157,28 @@ def test_float32_layers_take_the_kernel_only_where_it_holds_the_weight_exactly()
         torch.testing.assert_close(layer(x), x @ w.dequantize(torch.float32).t(),
                                    rtol=1e-5, atol=1e-5)
     assert QuantLinear.from_int4(awq_like, None, torch.bfloat16, "cpu").w4_packed is not None
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "f32"])
+def test_matmul_from_a_background_thread(cpu_variant: str, dtype: torch.dtype) -> None:
+    """The engine calls the kernels from its own thread, whose heap ends where the main
+    thread's does not: a read past x crashed there (and only there) once."""
+    import threading
+
+    w = _weight(1536, 576, 32, 11)  # SmolLM2's down_proj
+    packed, sb = cpu_w4.pack(w)
+    ref = cpu_w4.dequantize(packed, sb).double().t()
+    errors: list[float] = []
+
+    def work() -> None:
+        for i in range(200):
+            x = torch.randn((10, 17, 18, 88)[i % 4], 1536).to(dtype)
+            got = cpu_w4.matmul(x, packed, sb)
+            if i % 20 == 0:
+                want = x.double() @ ref
+                errors.append(((got.double() - want).abs().max() / want.abs().max()).item())
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+    assert len(errors) == 10 and max(errors) <= TOLERANCE[dtype]
