@@ -168,17 +168,23 @@ def test_matmul_from_a_background_thread(cpu_variant: str, dtype: torch.dtype) -
     w = _weight(1536, 576, 32, 11)  # SmolLM2's down_proj
     packed, sb = cpu_w4.pack(w)
     ref = cpu_w4.dequantize(packed, sb).double().t()
+    codes = torch.randint(-127, 128, (8192, 576), generator=torch.Generator().manual_seed(5),
+                          dtype=torch.int8)  # an int8 head
+    tiles, scales = cpu_w4.pack_w8(codes), torch.rand(8192) * 0.01
     errors: list[float] = []
 
     def work() -> None:
         for i in range(200):
             x = torch.randn((10, 17, 18, 88)[i % 4], 1536).to(dtype)
             got = cpu_w4.matmul(x, packed, sb)
+            head = cpu_w4.matmul_w8(x[:, :576].contiguous(), tiles, scales)
             if i % 20 == 0:
                 want = x.double() @ ref
                 errors.append(((got.double() - want).abs().max() / want.abs().max()).item())
+                want = (x[:, :576].double() @ codes.double().t()) * scales.double()
+                errors.append(((head.double() - want).abs().max() / want.abs().max()).item())
 
     thread = threading.Thread(target=work)
     thread.start()
     thread.join()
-    assert len(errors) == 10 and max(errors) <= TOLERANCE[dtype]
+    assert len(errors) == 20 and max(errors) <= TOLERANCE[dtype]

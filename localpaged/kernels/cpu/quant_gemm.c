@@ -143,9 +143,14 @@ static void tile_rows_bf16(const uint8_t *wp, const uint16_t *sbp, const uint16_
 
 #endif
 
+/* GCC 12's vectorizer, left to choose, vectorized these row loops so that they read past the
+ * rows of x (a segfault where x ended a thread's heap): only the `omp simd` loops over the 16
+ * columns are vectorized. */
+#define PLAIN_ROWS __attribute__((noinline, optimize("no-tree-vectorize")))
+
 /* Plain C, on float rows: for each pair of K, the two codes of the 16 columns become floats
  * once, then every row takes its two products; per group, the scale and offset are applied. */
-static void tile_rows_f32(const uint8_t *wp, const uint16_t *sbp, const float *x, const float *xs,
+static PLAIN_ROWS void tile_rows_f32(const uint8_t *wp, const uint16_t *sbp, const float *x, const float *xs,
                           float acc[MAX_ROWS][TILE], int rows, int k, int gs) {
     const int groups = k / gs, pairs = gs / 2;
     float dot[MAX_ROWS][TILE], lo[TILE], hi[TILE], s[TILE], b[TILE];
@@ -154,6 +159,7 @@ static void tile_rows_f32(const uint8_t *wp, const uint16_t *sbp, const float *x
         memset(dot, 0, sizeof dot);
         const uint8_t *gp = wp + (size_t)g * pairs * TILE;
         for (int p = 0; p < pairs; p++) {
+#pragma omp simd
             for (int j = 0; j < TILE; j++) {
                 lo[j] = (float)(gp[p * TILE + j] & 15);
                 hi[j] = (float)(gp[p * TILE + j] >> 4);
@@ -395,39 +401,47 @@ int w4_gemm_f32(const float *x, const uint8_t *packed, const uint16_t *sb, float
     return w4_gemm_rows_f32(x, packed, sb, y, 0, m_rows, k, n, gs, threads);
 }
 
-/* y = (x @ codes.T) * scale on float rows, y bf16 (`y_bf16`) or float32: the plain-C path,
- * each pair of weight rows made float once for up to MAX_ROWS rows of x. */
+/* One tile of the int8 product for up to MAX_ROWS rows of float x: each pair of weight rows
+ * made float once for all rows. */
+static PLAIN_ROWS void w8_tile_rows_f32(const int8_t *wp, const float *x, const float *scale,
+                                        void *y, int y_bf16, int rows, int k, int n) {
+    float acc[MAX_ROWS][TILE], w0[TILE], w1[TILE];
+    memset(acc, 0, sizeof acc);
+    for (int p = 0; p < k / 2; p++) {
+#pragma omp simd
+        for (int j = 0; j < TILE; j++) {
+            w0[j] = (float)wp[(size_t)p * 2 * TILE + j];
+            w1[j] = (float)wp[(size_t)p * 2 * TILE + TILE + j];
+        }
+        for (int m = 0; m < rows; m++) {
+            const float x0 = x[(size_t)m * k + 2 * p], x1 = x[(size_t)m * k + 2 * p + 1];
+#pragma omp simd
+            for (int j = 0; j < TILE; j++) acc[m][j] += w0[j] * x0 + w1[j] * x1;
+        }
+    }
+    for (int m = 0; m < rows; m++)
+        for (int j = 0; j < TILE; j++) {
+            const float v = acc[m][j] * scale[j];
+            if (y_bf16)
+                ((uint16_t *)y)[(size_t)m * n + j] = f32_to_bf16(v);
+            else
+                ((float *)y)[(size_t)m * n + j] = v;
+        }
+}
+
+/* y = (x @ codes.T) * scale on float rows, y bf16 (`y_bf16`) or float32: the plain-C path. */
 static void w8_gemm_rows_f32(const float *x, const int8_t *packed, const float *scale, void *y,
                              int y_bf16, int m_rows, int k, int n, int threads) {
 #pragma omp parallel for num_threads(threads) schedule(static)
-    for (int t = 0; t < n / TILE; t++) {
-        const int8_t *wp = packed + (size_t)t * k * TILE;
-        float acc[MAX_ROWS][TILE], w0[TILE], w1[TILE];
+    for (int t = 0; t < n / TILE; t++)
         for (int m0 = 0; m0 < m_rows; m0 += MAX_ROWS) {
             const int rows = m_rows - m0 < MAX_ROWS ? m_rows - m0 : MAX_ROWS;
-            memset(acc, 0, sizeof acc);
-            for (int p = 0; p < k / 2; p++) {
-                for (int j = 0; j < TILE; j++) {
-                    w0[j] = (float)wp[(size_t)p * 2 * TILE + j];
-                    w1[j] = (float)wp[(size_t)p * 2 * TILE + TILE + j];
-                }
-                for (int m = 0; m < rows; m++) {
-                    const float *xm = x + (size_t)(m0 + m) * k + 2 * p;
-                    for (int j = 0; j < TILE; j++) acc[m][j] += w0[j] * xm[0] + w1[j] * xm[1];
-                }
-            }
-            for (int m = 0; m < rows; m++) {
-                const size_t at = (size_t)(m0 + m) * n + (size_t)t * TILE;
-                for (int j = 0; j < TILE; j++) {
-                    const float v = acc[m][j] * scale[t * TILE + j];
-                    if (y_bf16)
-                        ((uint16_t *)y)[at + j] = f32_to_bf16(v);
-                    else
-                        ((float *)y)[at + j] = v;
-                }
-            }
+            const size_t at = (size_t)m0 * n + (size_t)t * TILE;
+            w8_tile_rows_f32(packed + (size_t)t * k * TILE, x + (size_t)m0 * k,
+                             scale + (size_t)t * TILE,
+                             y_bf16 ? (void *)((uint16_t *)y + at) : (void *)((float *)y + at),
+                             y_bf16, rows, k, n);
         }
-    }
 }
 
 /* y[M][N] = (x[M][K] @ codes.T) * scale[N] for int8 codes in tiles: int8 [N/16][K/2][2][16]
