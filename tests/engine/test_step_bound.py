@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from localpaged.engine.engine import step_shape
 from localpaged.engine.kv_cache import KVCacheManager
 from localpaged.engine.request import Request, SamplingParams
 from localpaged.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
@@ -87,7 +88,7 @@ def test_the_chunk_is_what_fits_in_the_target() -> None:
     out, chunks = run(s)
     # 13.05 + 0.12 n <= 40 ms -> n = 224.
     assert chunks["B"] == 224
-    assert FakeCosts().predict(step_of(out)) <= 0.040
+    assert FakeCosts().predict(step_shape(out)) <= 0.040
     # With two chats streaming, less room is left.
     add(s, "C", 3)
     run(s)
@@ -95,17 +96,6 @@ def test_the_chunk_is_what_fits_in_the_target() -> None:
         run(s)
     _, chunks = run(s)
     assert chunks["B"] == 216
-
-
-def step_of(out: SchedulerOutput) -> StepShape:
-    shape = StepShape()
-    for x in out.scheduled:
-        r = x.request
-        if r.num_tokens - r.num_computed_tokens == 1:
-            shape = shape.with_decode(r.num_tokens)
-        else:
-            shape = shape.with_chunk(r.num_computed_tokens, x.num_new_tokens)
-    return shape
 
 
 def test_a_path_with_a_large_fixed_cost_still_reads_the_prompt() -> None:
@@ -186,7 +176,7 @@ def test_learned_costs_keep_steps_within_the_auto_target() -> None:
 
     def step() -> tuple[dict[str, int], StepShape]:
         out, chunks = run(s)
-        shape = step_of(out)
+        shape = step_shape(out)
         costs.observe(shape, truth.predict(shape))
         return chunks, shape
 
@@ -218,7 +208,7 @@ def test_chunks_grow_step_by_step_past_what_was_measured() -> None:
     sizes = []
     for _ in range(5):
         out, chunks = run(s)
-        costs.observe(step_of(out), 0.02)
+        costs.observe(step_shape(out), 0.02)
         sizes.append(chunks["B"])
     assert sizes == [16, 32, 64, 128, 256]
 
