@@ -128,6 +128,14 @@ def cpu_isa_params() -> list:
         for isa in cpu_isa.ISAS]
 
 
+@pytest.fixture
+def exact_float32(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plain build of the CPU kernels, whose float32 path multiplies float32 activations
+    (the others round them to int8 per block): for tests that a format's numbers reach the
+    model exactly, against a dequantized float32 reference."""
+    monkeypatch.setenv(cpu_isa.ENV, "generic")
+
+
 @pytest.fixture(params=cpu_isa_params())
 def cpu_variant(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Run the test with each CPU kernel variant this machine can execute

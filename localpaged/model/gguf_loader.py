@@ -60,12 +60,14 @@ _BIG_FIELDS = {f"tokenizer.ggml.{k}" for k in ("tokens", "scores", "token_type",
 SUPPORTED_TYPES = ggml_types.SUPPORTED_TYPES
 
 
-def kept_4bit(dtype: torch.dtype, float32_kernel: bool = False) -> frozenset[str]:
+def kept_4bit(dtype: torch.dtype, float32_kernel: bool = False,
+              int8_activations: bool = False) -> frozenset[str]:
     """The GGUF types whose matrices stay 4-bit for a model computing in `dtype`: Q4_0/Q4_1/
-    Q4_K in 16-bit; in float32 only where the CPU kernel takes float32 and holds the file's
-    numbers exactly (Q4_0/Q4_1: float16 scales and offsets; Q4_K's d * sc needs more bits).
-    Everything else is dequantized once at load."""
-    if dtype != torch.float32:
+    Q4_K in 16-bit; in float32 where the CPU kernel takes float32 and holds the file's
+    numbers exactly (Q4_0/Q4_1: float16 scales and offsets; Q4_K's d * sc needs more bits),
+    or rounds the activations to int8 anyway (all three: the scales' rounding is far below
+    that). Everything else is dequantized once at load."""
+    if dtype != torch.float32 or (float32_kernel and int8_activations):
         return frozenset(INT4_TYPES)
     return frozenset({"Q4_0", "Q4_1"}) if float32_kernel else frozenset()
 
@@ -311,15 +313,21 @@ class GGUFFile:
         for raw in self.raw_tensors():
             yield raw.name, self._dense(raw, config)
 
-    def int4_weights(self, types: frozenset[str] = INT4_TYPES) -> Iterator[tuple[str, Any]]:
+    def int4_weights(self, types: frozenset[str] = INT4_TYPES,
+                     q8_head: bool = False) -> Iterator[tuple[str, Any]]:
         """Like `weights()`, but matrices of `types` (default Q4_0/Q4_1/Q4_K) come as
         `localpaged.quant.layout.Int4Weight` (group size 32) and stay 4-bit (see
-        `localpaged.quant.ggml_int4`). Every other tensor is dequantized to float32 as in
+        `localpaged.quant.ggml_int4`), and with `q8_head` a Q8_0 token embedding or output
+        layer comes as a `Q8Weight`. Every other tensor is dequantized to float32 as in
         `weights()`, once, here."""
         config = self.hf_config()
         for raw in self.raw_tensors():
             if raw.type_name in types and len(raw.shape) == 2:
                 yield raw.name, q4_to_int4(raw, self._rotary_heads(raw, config))
+            elif q8_head and _is_q8_head(raw):
+                from localpaged.quant.q8_linear import Q8Weight
+
+                yield raw.name, Q8Weight.from_gguf_bytes(raw.data, raw.shape)
             else:
                 yield raw.name, self._dense(raw, config)
 
@@ -328,31 +336,42 @@ class GGUFFile:
         value = self.metadata.get("tokenizer.chat_template")
         return value if isinstance(value, str) else None
 
-    def tensors_for(self, dtype: torch.dtype,
-                    kept: frozenset[str] | None = None) -> Iterator[tuple[str, Any]]:
+    def tensors_for(self, dtype: torch.dtype, kept: frozenset[str] | None = None,
+                    q8_head: bool = False) -> Iterator[tuple[str, Any]]:
         """The weights to build a model computing in `dtype` from: the matrices of the types
-        `kept` 4-bit (default: Q4_0/Q4_1/Q4_K in 16-bit, none in float32), the rest dense."""
+        `kept` 4-bit (default: Q4_0/Q4_1/Q4_K in 16-bit, none in float32), a Q8_0 embedding
+        or output layer kept 8-bit with `q8_head`, the rest dense."""
         kept = kept_4bit(dtype) if kept is None else kept
-        return self.int4_weights(kept) if kept else self.weights()
+        return self.int4_weights(kept, q8_head) if kept or q8_head else self.weights()
 
-    def load_summary(self, dtype: torch.dtype, kept: frozenset[str] | None = None) -> str:
-        """What `tensors_for(dtype, kept)` does with the matrices of each type, e.g.
+    def load_summary(self, dtype: torch.dtype, kept: frozenset[str] | None = None,
+                     q8_head: bool = False) -> str:
+        """What `tensors_for(dtype, kept, q8_head)` does with the matrices of each type, e.g.
         (SmolLM2-135M as Q4_K_M) "weights: Q4_K x 16 kept 4-bit (group 32); Q5_0 x 166,
         Q6_K x 14, Q8_0 x 15 -> bfloat16"."""
         types = kept_4bit(dtype) if kept is None else kept
         target = str(dtype).removeprefix("torch.")
         four_bit: dict[str, int] = {}
+        eight_bit: dict[str, int] = {}
         converted: dict[str, int] = {}
         for t in self.reader.tensors:
             kind = t.tensor_type.name
             if len(t.shape) != 2 or (kind, target) in (("F32", "float32"), ("BF16", "bfloat16")):
                 continue
-            counts = four_bit if kind in types and t.name != "token_embd.weight" else converted
+            if q8_head and kind == "Q8_0" and t.name in _Q8_HEADS:
+                counts = eight_bit
+            elif kind in types and t.name != "token_embd.weight":
+                counts = four_bit
+            else:
+                counts = converted
             counts[kind] = counts.get(kind, 0) + 1
         parts = []
         if four_bit:
             parts.append(", ".join(f"{k} x {n}" for k, n in sorted(four_bit.items()))
                          + " kept 4-bit (group 32)")
+        if eight_bit:
+            parts.append(", ".join(f"{k} x {n}" for k, n in sorted(eight_bit.items()))
+                         + " kept 8-bit (embedding / output)")
         if converted:
             parts.append(", ".join(f"{k} x {n}" for k, n in sorted(converted.items()))
                          + f" -> {target}")
@@ -411,6 +430,17 @@ def open_gguf(path: str | Path) -> GGUFFile:
         _OPEN.clear()  # keep one: a process serves one model
         _OPEN[key] = cached
     return cached
+
+
+_Q8_HEADS = ("token_embd.weight", "output.weight")
+
+
+def _is_q8_head(raw: RawTensor) -> bool:
+    """A Q8_0 token embedding or output layer the int8 kernel's tiles fit."""
+    from localpaged.quant.q8_linear import fits_kernel
+
+    return (raw.type_name == "Q8_0" and raw.gguf_name in _Q8_HEADS and len(raw.shape) == 2
+            and fits_kernel((raw.shape[0], raw.shape[1])))
 
 
 def q4_to_int4(raw: RawTensor, rotary_heads: int | None = None) -> Any:

@@ -98,10 +98,14 @@ def build_model(
             continue
         if name == "lm_head.weight" and config.tie_word_embeddings:
             continue
-        if not isinstance(tensor, torch.Tensor):  # a 4-bit weight (GGUF Q4_0/Q4_1 Int4Weight)
-            from localpaged.quant.loader import install_int4
+        if not isinstance(tensor, torch.Tensor):  # GGUF Q4 (Int4Weight) or Q8_0 (Q8Weight)
+            from localpaged.quant.loader import install_int4, install_q8
+            from localpaged.quant.q8_linear import Q8Weight
 
-            install_int4(model, name, tensor)
+            if isinstance(tensor, Q8Weight):
+                install_q8(model, name, tensor, config.tie_word_embeddings)
+            else:
+                install_int4(model, name, tensor)
             loaded.add(name)
             continue
         param = params.get(name)
@@ -150,12 +154,23 @@ def gguf_kept_types(dtype: torch.dtype, device: torch.device | str) -> frozenset
     """The GGUF types kept 4-bit for a model computing in `dtype` on `device`."""
     from localpaged.model.gguf_loader import kept_4bit
 
-    float32_kernel = False
+    float32_kernel = int8 = False
     if torch.device(device).type == "cpu":
         from localpaged.quant import cpu_w4
 
         float32_kernel = cpu_w4.available()
-    return kept_4bit(dtype, float32_kernel)
+        int8 = float32_kernel and cpu_w4.int8_activations()
+    return kept_4bit(dtype, float32_kernel, int8)
+
+
+def gguf_q8_head(dtype: torch.dtype, device: torch.device | str) -> bool:
+    """Whether a GGUF's Q8_0 embedding / output layer stays 8-bit: float32 on a CPU whose
+    kernels take float32 activations as int8."""
+    if dtype != torch.float32 or torch.device(device).type != "cpu":
+        return False
+    from localpaged.quant import cpu_w4
+
+    return cpu_w4.available() and cpu_w4.int8_activations()
 
 
 def load_model(
@@ -175,7 +190,8 @@ def load_model(
         # other types are dequantized once here. `hf_config()` refused unknown types already.
         torch_dtype = resolve_dtype(dtype, None, device)
         kept = gguf_kept_types(torch_dtype, device)
-        return build_model(config, gguf.tensors_for(torch_dtype, kept), torch_dtype,
+        q8 = gguf_q8_head(torch_dtype, device)
+        return build_model(config, gguf.tensors_for(torch_dtype, kept, q8), torch_dtype,
                            device), config
     config = ModelConfig.from_pretrained(path)
     weights = iter_safetensors(safetensors_files(path))  # lazy: read inside build_model

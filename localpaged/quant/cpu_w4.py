@@ -7,6 +7,11 @@ it again every 4 rows.
   first) and `sb` float16 `[N/16, G, 2, 16]` (scale, then offset: `W = q * s + b`; float16
   as the files' own scales, so GGUF and AWQ/GPTQ weights are kept as they are).
 * 8-bit per output channel (the lm_head): codes int8 `[N/16, K/2, 2, 16]`, scales float32 `[N]`.
+* 8-bit per block of 32 (GGUF Q8_0): the same code tiles, float16 scales `[N/16, K/32, 16]`.
+
+Float32 activations go through int8 dot products where the build has them
+(`int8_activations()`: AVX2 and up): each row of x is quantized to int8 per block (the 4-bit
+weight's group, or Q8_0's 32), as llama.cpp does, `kernels/cpu/int8_dot.c`.
 """
 
 from __future__ import annotations
@@ -30,6 +35,13 @@ def supports(w: Int4Weight, dtype: torch.dtype) -> bool:
     even groups)."""
     k, n, gs = w.in_features, w.out_features, w.group_size
     return dtype in DTYPES and n % TILE == 0 and gs % 2 == 0 and k % gs == 0
+
+
+def int8_activations(isa: str | None = None) -> bool:
+    """Whether float32 activations go through int8 dot products in the build for `isa`
+    (default: this process's)."""
+    lib = native.library(isa)
+    return lib is not None and bool(lib.i8_dot_isa())
 
 
 def holds_exactly(w: Int4Weight) -> bool:
@@ -69,9 +81,9 @@ def dequantize(packed: torch.Tensor, sb: torch.Tensor) -> torch.Tensor:
 
 
 def _gemm(kind: str, x: torch.Tensor, packed: torch.Tensor, params: torch.Tensor,
-          extra: tuple[int, ...], isa: str | None) -> torch.Tensor:
-    """Call `<kind>_gemm_<bf16|f32>(x, packed, params, y, M, K, N, *extra, threads)`: float32
-    `x` in float32, anything else in bf16; `y` comes in the same dtype."""
+          extra: tuple[int, ...], isa: str | None, plain: bool | None = None) -> torch.Tensor:
+    """Call `<kind>_gemm_<bf16|f32>(x, packed, params, y, M, K, N, *extra, threads[, plain])`:
+    float32 `x` in float32, anything else in bf16; `y` comes in the same dtype."""
     lib = native.library(isa)
     if lib is None:
         raise RuntimeError(f"the CPU {kind} kernel is not available on this machine")
@@ -83,8 +95,9 @@ def _gemm(kind: str, x: torch.Tensor, packed: torch.Tensor, params: torch.Tensor
     n = packed.shape[0] * TILE
     y = torch.empty(m, n, dtype=x.dtype)
     run = getattr(lib, f"{kind}_gemm_{'f32' if f32 else 'bf16'}")
+    tail = () if plain is None else (int(plain),)
     if m and run(x.data_ptr(), packed.data_ptr(), params.data_ptr(), y.data_ptr(), m, k, n,
-                 *extra, torch.get_num_threads()):
+                 *extra, torch.get_num_threads(), *tail):
         raise MemoryError(f"the CPU {kind} kernel could not allocate its scratch memory")
     return y
 
@@ -107,3 +120,49 @@ def matmul_w8(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
               isa: str | None = None) -> torch.Tensor:
     """`(x @ codes.T) * scales` for bf16 or float32 `x` `[M, K]` and float32 `scales` `[N]`."""
     return _gemm("w8", x, packed, scales, (), isa)
+
+
+Q8_BLOCK = 32
+
+
+def pack_q8(codes: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(`tiles`, `tile_scales`) for `matmul_q8` from int8 `codes` `[N, K]` and per-block
+    `scales` `[N, K/32]` (GGUF Q8_0: `W = codes * scale`); N % 16 == 0, K % 32 == 0."""
+    n, k = codes.shape
+    if n % TILE or k % Q8_BLOCK or scales.shape != (n, k // Q8_BLOCK):
+        raise ValueError(f"Q8 blocks need N % 16 == 0, K % 32 == 0 (got {n} x {k})")
+    tile_scales = scales.to(torch.float16).reshape(n // TILE, TILE, k // Q8_BLOCK).transpose(1, 2)
+    return pack_w8(codes), tile_scales.contiguous()
+
+
+def dequantize_q8(tiles: torch.Tensor, tile_scales: torch.Tensor) -> torch.Tensor:
+    """The weight `[N, K]` in float32 from `pack_q8`'s layout."""
+    t, pairs, _, _ = tiles.shape
+    codes = tiles.permute(0, 3, 1, 2).reshape(t * TILE, pairs * 2).float()
+    scales = tile_scales.float().transpose(1, 2).reshape(t * TILE, -1)
+    return codes * scales.repeat_interleave(Q8_BLOCK, dim=1)
+
+
+def matmul_q8(x: torch.Tensor, tiles: torch.Tensor, tile_scales: torch.Tensor,
+              isa: str | None = None, plain: bool = False) -> torch.Tensor:
+    """`x @ W.T` for float32 `x` `[M, K]` and Q8_0 blocks (`pack_q8`), through int8
+    activations per block of 32; `plain` takes the plain-C loops (the tests' reference)."""
+    return _gemm("q8", x.float(), tiles, tile_scales, (), isa, plain=plain)
+
+
+def matmul_int8_activations(x: torch.Tensor, packed: torch.Tensor, sb: torch.Tensor,
+                            isa: str | None = None, plain: bool = False) -> torch.Tensor:
+    """`x @ W.T` for float32 `x` through int8 activations per group on any build (`plain`:
+    the plain-C loops); what `matmul` does for float32 where `int8_activations()`."""
+    group_size = packed.shape[1] * 2 // sb.shape[1]
+    return _gemm("w4_i8", x.float(), packed, sb, (group_size,), isa, plain=plain)
+
+
+def quantize_activations(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int8 codes as float `[M, K]`, scales `[M, K/block]`) of float32 `x`, rounded as the
+    kernels do: `x * (127 / max|x|)` to the nearest integer, ties to even."""
+    m, k = x.shape
+    xb = x.float().reshape(m, k // block, block)
+    amax = xb.abs().amax(dim=-1, keepdim=True)
+    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    return torch.round(xb * inv).reshape(m, k), (amax / 127.0).squeeze(-1)

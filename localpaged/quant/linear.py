@@ -112,10 +112,12 @@ class QuantLinear(nn.Module):
         self.perm = w.perm
         fast = device.type == "cpu" and self.dtype in CPU_DTYPES and _cpu_int4_ok()
         sub = cpu_subgroup(w) if fast else None
-        # The own kernel takes bf16 and float32 activations (torch's int4 op: 16-bit only);
-        # a float32 model takes it only where it keeps the weight's numbers exactly.
+        # The own kernel takes bf16 and float32 activations (torch's int4 op: 16-bit only).
+        # A float32 model takes it where it keeps the weight's numbers exactly, or where its
+        # float32 activations are rounded to int8 anyway (then float16 scales cost nothing).
         own = (device.type == "cpu" and cpu_w4.supports(w, self.dtype) and cpu_w4.available()
-               and (self.dtype != torch.float32 or cpu_w4.holds_exactly(w)))
+               and (self.dtype != torch.float32 or cpu_w4.int8_activations()
+                    or cpu_w4.holds_exactly(w)))
         self.qweight = self.scales = self.zeros = None
         if own:
             self.w4_packed, self.w4_sb = cpu_w4.pack(given)

@@ -53,7 +53,63 @@ def test_matmul_equals_the_dequantized_weight(cpu_variant: str, dtype: torch.dty
     got = cpu_w4.matmul(x, packed, sb)
     assert got.dtype == dtype
     ref = x.double() @ cpu_w4.dequantize(packed, sb).double().t()
-    assert (got.double() - ref).abs().max() <= TOLERANCE[dtype] * ref.abs().max()
+    if dtype == torch.float32 and cpu_w4.int8_activations():
+        # int8 activations per group: exactly the int8 scheme's sums, up to float32 rounding,
+        # and within the scheme's rounding of a float32 matmul
+        exact = _int8_reference(x, packed, sb)
+        assert (got.double() - exact).abs().max() <= TOLERANCE[dtype] * exact.abs().max()
+        assert (got.double() - ref).abs().max() <= INT8_ACTIVATIONS * ref.abs().max()
+    else:
+        assert (got.double() - ref).abs().max() <= TOLERANCE[dtype] * ref.abs().max()
+
+
+# int8 activations (max|x| / 127 steps per group) against float32: measured up to 1.1e-2 of
+# the largest output on these random shapes, as llama.cpp's own int8 activations.
+INT8_ACTIVATIONS = 2**-5
+
+
+def _int8_reference(x: torch.Tensor, packed: torch.Tensor, sb: torch.Tensor) -> torch.Tensor:
+    """x @ W.T as the int8-activation kernels define it, in float64: the scale part of W
+    (q * s) meets the int8-rounded x, the offset part (b) the exact x."""
+    group = packed.shape[1] * 2 // sb.shape[1]
+    xq, dx = cpu_w4.quantize_activations(x.float(), group)
+    rounded = (xq.double().reshape(*dx.shape, group) * dx.double()[..., None]).reshape(x.shape)
+    offsets = cpu_w4.dequantize(torch.zeros_like(packed), sb).double()
+    scaled = cpu_w4.dequantize(packed, sb).double() - offsets
+    return rounded @ scaled.t() + x.double() @ offsets.t()
+
+
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 9])
+@pytest.mark.parametrize(("k", "n", "group"), [(64, 32, 32), (1536, 576, 64), (256, 80, 128)])
+def test_int8_activation_loops_equal_the_plain_ones(cpu_variant: str, rows: int, k: int, n: int,
+                                                    group: int) -> None:
+    """The vector loops of each build against its plain-C loops and the torch reference."""
+    w = _weight(k, n, group, rows)
+    packed, sb = cpu_w4.pack(w)
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
+    fast = cpu_w4.matmul_int8_activations(x, packed, sb)
+    plain = cpu_w4.matmul_int8_activations(x, packed, sb, plain=True)
+    exact = _int8_reference(x, packed, sb)
+    for got in (fast, plain):
+        assert (got.double() - exact).abs().max() <= 2**-18 * exact.abs().max()
+
+
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 17])
+def test_q8_blocks_equal_the_int8_product(cpu_variant: str, rows: int) -> None:
+    g = torch.Generator().manual_seed(rows)
+    codes = torch.randint(-127, 128, (48, 128), generator=g, dtype=torch.int8)
+    scales = (torch.rand(48, 4, generator=g) * 0.01).half()
+    tiles, tile_scales = cpu_w4.pack_q8(codes, scales)
+    w = codes.double() * scales.double().repeat_interleave(32, dim=1)
+    assert torch.equal(cpu_w4.dequantize_q8(tiles, tile_scales).double(), w)
+    x = torch.randn(rows, 128, generator=g)
+    xq, dx = cpu_w4.quantize_activations(x, 32)
+    exact = (xq.double().reshape(rows, 4, 32) * dx.double()[..., None]).reshape(rows, 128) @ w.t()
+    for plain in (False, True):
+        got = cpu_w4.matmul_q8(x, tiles, tile_scales, plain=plain)
+        assert (got.double() - exact).abs().max() <= 2**-18 * exact.abs().max()
+    ref = x.double() @ w.t()
+    assert (got.double() - ref).abs().max() <= INT8_ACTIVATIONS * ref.abs().max()
 
 
 def test_matmul_checks_the_input_width() -> None:
@@ -138,9 +194,13 @@ def test_each_build_takes_the_path_it_names(cpu_variant: str) -> None:
     """2 = AMX, 1 = AVX512-BF16, 0 = plain C: each variant really runs its own path."""
     want = {"amx": 2, "avx512bf16": 1}.get(cpu_variant, 0)
     assert native.library().w4_gemm_isa() == want
+    assert cpu_w4.int8_activations() == (cpu_variant != "generic")
 
 
-def test_float32_layers_take_the_kernel_only_where_it_holds_the_weight_exactly() -> None:
+def test_float32_layers_take_the_kernel_where_it_holds_the_weight(cpu_variant: str) -> None:
+    """Float32 layers: on the kernel where its float16 scales hold the weight exactly, or
+    where its activations are int8 anyway (then the scales' rounding is far below that);
+    elsewhere the exact path."""
     from localpaged.quant.linear import QuantLinear
 
     g = torch.Generator().manual_seed(3)
@@ -150,12 +210,16 @@ def test_float32_layers_take_the_kernel_only_where_it_holds_the_weight_exactly()
     awq_like = from_codes(codes, s, torch.randint(1, 16, s.shape, generator=g).float(), 32)
     assert cpu_w4.holds_exactly(gguf_like) and not cpu_w4.holds_exactly(awq_like)
     own = QuantLinear.from_int4(gguf_like, None, torch.float32, "cpu")
-    kept = QuantLinear.from_int4(awq_like, None, torch.float32, "cpu")
-    assert own.w4_packed is not None and kept.w4_packed is None and kept.qweight is not None
+    other = QuantLinear.from_int4(awq_like, None, torch.float32, "cpu")
+    int8 = cpu_w4.int8_activations()
+    assert own.w4_packed is not None
+    assert (other.w4_packed is not None) == int8 and (other.qweight is not None) != int8
     x = torch.randn(3, 64, generator=g)
-    for layer, w in ((own, gguf_like), (kept, awq_like)):
-        torch.testing.assert_close(layer(x), x @ w.dequantize(torch.float32).t(),
-                                   rtol=1e-5, atol=1e-5)
+    for layer, w in ((own, gguf_like), (other, awq_like)):
+        want = x.double() @ w.dequantize(torch.float32).double().t()
+        if layer.w4_packed is not None and int8:
+            want = _int8_reference(x, layer.w4_packed, layer.w4_sb)
+        torch.testing.assert_close(layer(x).double(), want, rtol=1e-5, atol=1e-5)
     assert QuantLinear.from_int4(awq_like, None, torch.bfloat16, "cpu").w4_packed is not None
 
 
@@ -171,20 +235,30 @@ def test_matmul_from_a_background_thread(cpu_variant: str, dtype: torch.dtype) -
     codes = torch.randint(-127, 128, (8192, 576), generator=torch.Generator().manual_seed(5),
                           dtype=torch.int8)  # an int8 head
     tiles, scales = cpu_w4.pack_w8(codes), torch.rand(8192) * 0.01
-    errors: list[float] = []
+    q8_tiles, q8_scales = cpu_w4.pack_q8(codes, scales[:, None].expand(8192, 18).half())
+    q8_ref = cpu_w4.dequantize_q8(q8_tiles, q8_scales).double().t()
+    int8 = dtype == torch.float32 and cpu_w4.int8_activations()
+    errors: dict[str, list[float]] = {"w4": [], "w8": [], "q8": []}
+
+    def error(got: torch.Tensor, want: torch.Tensor) -> float:
+        return ((got.double() - want).abs().max() / want.abs().max()).item()
 
     def work() -> None:
         for i in range(200):
             x = torch.randn((10, 17, 18, 88)[i % 4], 1536).to(dtype)
             got = cpu_w4.matmul(x, packed, sb)
             head = cpu_w4.matmul_w8(x[:, :576].contiguous(), tiles, scales)
+            q8 = cpu_w4.matmul_q8(x[:, :576].contiguous(), q8_tiles, q8_scales)
             if i % 20 == 0:
-                want = x.double() @ ref
-                errors.append(((got.double() - want).abs().max() / want.abs().max()).item())
+                errors["w4"].append(error(got, x.double() @ ref))
                 want = (x[:, :576].double() @ codes.double().t()) * scales.double()
-                errors.append(((head.double() - want).abs().max() / want.abs().max()).item())
+                errors["w8"].append(error(head, want))
+                errors["q8"].append(error(q8, x[:, :576].double() @ q8_ref))
 
     thread = threading.Thread(target=work)
     thread.start()
     thread.join()
-    assert len(errors) == 20 and max(errors) <= TOLERANCE[dtype]
+    assert all(len(e) == 10 for e in errors.values())
+    assert max(errors["w4"]) <= (INT8_ACTIVATIONS if int8 else TOLERANCE[dtype])
+    assert max(errors["w8"]) <= TOLERANCE[dtype]
+    assert max(errors["q8"]) <= INT8_ACTIVATIONS

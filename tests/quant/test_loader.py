@@ -15,6 +15,9 @@ from localpaged.quant.awq import awq_quantize
 from localpaged.quant.layout import _to_int32
 from localpaged.quant.writer import save_quantized
 
+# The checkpoints' numbers reach the model exactly: held to float32 on the plain build.
+pytestmark = pytest.mark.usefixtures("exact_float32")
+
 PREFIX = "model.layers.0.mlp.down_proj"
 
 

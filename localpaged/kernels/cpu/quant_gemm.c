@@ -21,7 +21,9 @@
  * Without it, plain C loops (vectorized by the compiler for the variant's instruction set)
  * compute the same sums in float32, unpacking each pair of codes once for all rows.
  */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* syscall(), for the AMX permission, under -std=c11 */
+#endif
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -395,9 +397,20 @@ int w4_gemm_bf16(const uint16_t *x, const uint8_t *packed, const uint16_t *sb, u
 #endif
 }
 
-/* The same for float32 x and y (CPUs without native bf16 compute in float32). */
+/* The same for float32 x and y (CPUs without native bf16 compute in float32): through int8
+ * activations where the build has integer dot products (int8_dot.c), else in float32. */
 int w4_gemm_f32(const float *x, const uint8_t *packed, const uint16_t *sb, float *y,
                 int m_rows, int k, int n, int gs, int threads) {
+#ifdef I8_AVX2
+    return w4_gemm_i8(x, packed, sb, y, 0, m_rows, k, n, gs, threads, 0);
+#else
+    return w4_gemm_rows_f32(x, packed, sb, y, 0, m_rows, k, n, gs, threads);
+#endif
+}
+
+/* The float32 product without int8 activations, on every build (the reference). */
+int w4_gemm_f32_exact(const float *x, const uint8_t *packed, const uint16_t *sb, float *y,
+                      int m_rows, int k, int n, int gs, int threads) {
     return w4_gemm_rows_f32(x, packed, sb, y, 0, m_rows, k, n, gs, threads);
 }
 

@@ -1,0 +1,331 @@
+/* Float32 activations times 4-bit or 8-bit weights through integer dot products, as the
+ * fastest CPU engines do on CPUs without native bf16: each row of x is quantized to int8 per
+ * block (scale dx = max|x| / 127), the block's dot products are exact integer sums, and the
+ * scales are applied per block in float32.
+ *
+ * 4-bit (the layout of quant_gemm.c, blocks = the weight's groups):
+ *   sum_k W[n][k] x[k] over a group = s[n] * dx * sum_k q[k][n] xq[k] + b[n] * sum_k x[k]
+ *   (the offset term uses the exact float sum of x).
+ * 8-bit blocks (GGUF Q8_0: 32 codes per block, one float16 scale each):
+ *   codes int8 [N/16][K/2][2][16] (as w8_gemm), scales float16 [N/16][K/32][16].
+ *
+ * AVX2: `vpmaddubsw` multiplies the unsigned 4-bit codes with the signed int8 activations,
+ * two products per 16-bit lane (at most 2 * 15 * 127, so eight lanes' worth add up without
+ * saturating), widened to int32 once per 16 values of K; the 8-bit codes go through
+ * `vpmaddwd` on 16-bit values. The plain-C versions of both compute the same integers; they
+ * are the reference the tests hold the vector code to, and the path of other CPUs' builds
+ * that call them.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "bf16.h"
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define I8_AVX2 1
+#endif
+
+#define I8_TILE 16
+#define I8_ROWS 4 /* rows of x per pass over a weight tile (AVX2 has 16 registers) */
+#define Q8_BLOCK 32
+
+/* Row m of x [rows][k] quantized per block of `bs` (k % bs == 0): xq [rows][k], and per
+ * block its scale dx [rows][k/bs] and the exact sum of its values xsum (NULL: not wanted). */
+static void quantize_rows_i8(const float *x, int rows, int k, int bs, int8_t *xq, float *dx,
+                             float *xsum, int threads) {
+    const int blocks = k / bs;
+#pragma omp parallel for num_threads(threads) schedule(static) if (rows * k >= 65536)
+    for (int i = 0; i < rows * blocks; i++) {
+        const float *xb = x + (size_t)i * bs;
+        int8_t *qb = xq + (size_t)i * bs;
+        float amax = 0.f, sum = 0.f;
+        for (int j = 0; j < bs; j++) {
+            amax = fmaxf(amax, fabsf(xb[j]));
+            sum += xb[j];
+        }
+        const float inv = amax > 0.f ? 127.f / amax : 0.f;
+        for (int j = 0; j < bs; j++) qb[j] = (int8_t)lrintf(xb[j] * inv); /* half to even */
+        dx[i] = amax / 127.f;
+        if (xsum != NULL) xsum[i] = sum;
+    }
+}
+
+/* The 4-bit product of one tile (16 columns) for `rows` rows, plain C: acc [rows][16]. */
+static void w4_i8_tile_plain(const uint8_t *wp, const uint16_t *sbp, const int8_t *xq,
+                             const float *dx, const float *xs, float *acc, int rows, int k,
+                             int gs) {
+    const int groups = k / gs, pairs = gs / 2;
+    for (int m = 0; m < rows; m++)
+        for (int j = 0; j < I8_TILE; j++) acc[m * I8_TILE + j] = 0.f;
+    for (int g = 0; g < groups; g++) {
+        const uint8_t *gp = wp + (size_t)g * pairs * I8_TILE;
+        const uint16_t *sp = sbp + (size_t)g * 2 * I8_TILE;
+        for (int m = 0; m < rows; m++) {
+            const int8_t *xm = xq + (size_t)m * k + (size_t)g * gs;
+            const float d = dx[(size_t)m * groups + g], sx = xs[(size_t)m * groups + g];
+            for (int j = 0; j < I8_TILE; j++) {
+                int32_t dot = 0;
+                for (int p = 0; p < pairs; p++) {
+                    const uint8_t v = gp[p * I8_TILE + j];
+                    dot += (v & 15) * xm[2 * p] + (v >> 4) * xm[2 * p + 1];
+                }
+                acc[m * I8_TILE + j] += f16_to_f32(sp[j]) * (d * (float)dot) +
+                                        f16_to_f32(sp[I8_TILE + j]) * sx;
+            }
+        }
+    }
+}
+
+/* The 8-bit block product of one tile for `rows` rows, plain C: acc [rows][16]. */
+static void q8_i8_tile_plain(const int8_t *wp, const uint16_t *sp, const int8_t *xq,
+                             const float *dx, float *acc, int rows, int k) {
+    const int blocks = k / Q8_BLOCK;
+    for (int m = 0; m < rows; m++)
+        for (int j = 0; j < I8_TILE; j++) {
+            float a = 0.f;
+            for (int b = 0; b < blocks; b++) {
+                int32_t dot = 0;
+                for (int i = 0; i < Q8_BLOCK; i++) {
+                    const int kk = b * Q8_BLOCK + i;
+                    dot += wp[(size_t)(kk / 2) * 2 * I8_TILE + (kk % 2) * I8_TILE + j] *
+                           xq[(size_t)m * k + kk];
+                }
+                a += f16_to_f32(sp[(size_t)b * I8_TILE + j]) *
+                     (dx[(size_t)m * blocks + b] * (float)dot);
+            }
+            acc[m * I8_TILE + j] = a;
+        }
+}
+
+#ifdef I8_AVX2
+
+static inline __m256 load_f16x8(const uint16_t *p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+
+/* w4_i8_tile_plain with AVX2, `rows` (1..I8_ROWS) a constant after inlining. */
+static inline __attribute__((always_inline)) void w4_i8_tile_n(
+    const uint8_t *wp, const uint16_t *sbp, const int8_t *xq, const float *dx, const float *xs,
+    float *acc, int rows, int k, int gs) {
+    const int groups = k / gs, pairs = gs / 2;
+    const __m256i low = _mm256_set1_epi16(0x000f), high = _mm256_set1_epi16(0x00f0);
+    const int16_t *xw = (const int16_t *)xq; /* pairs of int8 activations */
+    __m256 out[I8_ROWS][2];
+    for (int m = 0; m < I8_ROWS; m++) out[m][0] = out[m][1] = _mm256_setzero_ps();
+    for (int g = 0; g < groups; g++) {
+        const uint8_t *gp = wp + (size_t)g * pairs * I8_TILE;
+        __m256i dot[I8_ROWS][2];
+        for (int m = 0; m < I8_ROWS; m++) dot[m][0] = dot[m][1] = _mm256_setzero_si256();
+        for (int p0 = 0; p0 < pairs; p0 += 8) {
+            __m256i d16[I8_ROWS];
+            for (int m = 0; m < I8_ROWS; m++) d16[m] = _mm256_setzero_si256();
+            const int end = p0 + 8 < pairs ? p0 + 8 : pairs;
+            for (int p = p0; p < end; p++) {
+                if (p % 4 == 0) _mm_prefetch((const char *)(gp + p * I8_TILE) + 1024, _MM_HINT_T0);
+                /* 16-bit lane j: code of row 2p of column j, then of row 2p + 1 */
+                const __m256i v = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(gp + p * I8_TILE)));
+                const __m256i w = _mm256_or_si256(_mm256_and_si256(v, low),
+                                                  _mm256_slli_epi16(_mm256_and_si256(v, high), 4));
+#pragma GCC unroll 4
+                for (int m = 0; m < I8_ROWS; m++) {
+                    if (m >= rows) continue;
+                    const __m256i xb = _mm256_set1_epi16(xw[((size_t)m * k + (size_t)g * gs) / 2 + p]);
+                    d16[m] = _mm256_add_epi16(d16[m], _mm256_maddubs_epi16(w, xb));
+                }
+            }
+#pragma GCC unroll 4
+            for (int m = 0; m < I8_ROWS; m++) {
+                if (m >= rows) continue;
+                dot[m][0] = _mm256_add_epi32(dot[m][0], _mm256_cvtepi16_epi32(_mm256_castsi256_si128(d16[m])));
+                dot[m][1] = _mm256_add_epi32(dot[m][1], _mm256_cvtepi16_epi32(_mm256_extracti128_si256(d16[m], 1)));
+            }
+        }
+        const uint16_t *sp = sbp + (size_t)g * 2 * I8_TILE;
+        const __m256 s0 = load_f16x8(sp), s1 = load_f16x8(sp + 8);
+        const __m256 b0 = load_f16x8(sp + I8_TILE), b1 = load_f16x8(sp + I8_TILE + 8);
+#pragma GCC unroll 4
+        for (int m = 0; m < I8_ROWS; m++) {
+            if (m >= rows) continue;
+            const __m256 d = _mm256_set1_ps(dx[(size_t)m * groups + g]);
+            const __m256 sx = _mm256_set1_ps(xs[(size_t)m * groups + g]);
+            out[m][0] = _mm256_fmadd_ps(s0, _mm256_mul_ps(d, _mm256_cvtepi32_ps(dot[m][0])), out[m][0]);
+            out[m][1] = _mm256_fmadd_ps(s1, _mm256_mul_ps(d, _mm256_cvtepi32_ps(dot[m][1])), out[m][1]);
+            out[m][0] = _mm256_fmadd_ps(b0, sx, out[m][0]);
+            out[m][1] = _mm256_fmadd_ps(b1, sx, out[m][1]);
+        }
+    }
+    for (int m = 0; m < rows; m++) {
+        _mm256_storeu_ps(acc + m * I8_TILE, out[m][0]);
+        _mm256_storeu_ps(acc + m * I8_TILE + 8, out[m][1]);
+    }
+}
+
+/* q8_i8_tile_plain with AVX2: each pair of code rows becomes 16-bit pairs per column,
+ * multiplied with the row's pair of activations by `vpmaddwd`. */
+static inline __attribute__((always_inline)) void q8_i8_tile_n(
+    const int8_t *wp, const uint16_t *sp, const int16_t *x16, const float *dx, float *acc,
+    int rows, int k) {
+    const int blocks = k / Q8_BLOCK;
+    const int32_t *xw = (const int32_t *)x16; /* pairs of 16-bit activations */
+    __m256 out[I8_ROWS][2];
+    for (int m = 0; m < I8_ROWS; m++) out[m][0] = out[m][1] = _mm256_setzero_ps();
+    for (int b = 0; b < blocks; b++) {
+        __m256i dot[I8_ROWS][2];
+        for (int m = 0; m < I8_ROWS; m++) dot[m][0] = dot[m][1] = _mm256_setzero_si256();
+        for (int p = b * Q8_BLOCK / 2; p < (b + 1) * Q8_BLOCK / 2; p++) {
+            const int8_t *pp = wp + (size_t)p * 2 * I8_TILE;
+            if (p % 2 == 0) _mm_prefetch((const char *)pp + 1024, _MM_HINT_T0);
+            const __m128i c0 = _mm_loadu_si128((const __m128i *)pp);
+            const __m128i c1 = _mm_loadu_si128((const __m128i *)(pp + I8_TILE));
+            const __m256i w0 = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(c0, c1)); /* columns 0-7 */
+            const __m256i w1 = _mm256_cvtepi8_epi16(_mm_unpackhi_epi8(c0, c1)); /* 8-15 */
+#pragma GCC unroll 4
+            for (int m = 0; m < I8_ROWS; m++) {
+                if (m >= rows) continue;
+                const __m256i xb = _mm256_set1_epi32(xw[(size_t)m * (k / 2) + p]);
+                dot[m][0] = _mm256_add_epi32(dot[m][0], _mm256_madd_epi16(w0, xb));
+                dot[m][1] = _mm256_add_epi32(dot[m][1], _mm256_madd_epi16(w1, xb));
+            }
+        }
+        const __m256 s0 = load_f16x8(sp + (size_t)b * I8_TILE);
+        const __m256 s1 = load_f16x8(sp + (size_t)b * I8_TILE + 8);
+#pragma GCC unroll 4
+        for (int m = 0; m < I8_ROWS; m++) {
+            if (m >= rows) continue;
+            const __m256 d = _mm256_set1_ps(dx[(size_t)m * blocks + b]);
+            out[m][0] = _mm256_fmadd_ps(_mm256_mul_ps(s0, d), _mm256_cvtepi32_ps(dot[m][0]), out[m][0]);
+            out[m][1] = _mm256_fmadd_ps(_mm256_mul_ps(s1, d), _mm256_cvtepi32_ps(dot[m][1]), out[m][1]);
+        }
+    }
+    for (int m = 0; m < rows; m++) {
+        _mm256_storeu_ps(acc + m * I8_TILE, out[m][0]);
+        _mm256_storeu_ps(acc + m * I8_TILE + 8, out[m][1]);
+    }
+}
+
+static void w4_i8_tile(const uint8_t *wp, const uint16_t *sbp, const int8_t *xq, const float *dx,
+                       const float *xs, float *acc, int rows, int k, int gs) {
+    switch (rows) {
+#define I8_CASE(r) case r: w4_i8_tile_n(wp, sbp, xq, dx, xs, acc, r, k, gs); break;
+        I8_CASE(1) I8_CASE(2) I8_CASE(3) I8_CASE(4)
+#undef I8_CASE
+    }
+}
+
+static void q8_i8_tile(const int8_t *wp, const uint16_t *sp, const int16_t *x16, const float *dx,
+                       float *acc, int rows, int k) {
+    switch (rows) {
+#define I8_CASE(r) case r: q8_i8_tile_n(wp, sp, x16, dx, acc, r, k); break;
+        I8_CASE(1) I8_CASE(2) I8_CASE(3) I8_CASE(4)
+#undef I8_CASE
+    }
+}
+#endif
+
+/* Whether this build multiplies float32 activations through int8 dot products (1: AVX2). */
+int i8_dot_isa(void) {
+#ifdef I8_AVX2
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* y [M][N] (float32, or bf16 when `y_bf16`) = x [M][K] @ W.T for the 4-bit layout of
+ * quant_gemm.c, through int8 activations per group; `plain` forces the plain-C loops.
+ * Returns 0, or -1 when scratch memory cannot be had. */
+static int w4_gemm_i8(const float *x, const uint8_t *packed, const uint16_t *sb, void *y,
+                      int y_bf16, int m_rows, int k, int n, int gs, int threads, int plain) {
+    const int groups = k / gs, tiles = n / I8_TILE;
+    (void)plain; /* builds without the vector loops have only the plain ones */
+    int8_t *xq = malloc((size_t)m_rows * k + 64);
+    float *dx = malloc(sizeof(float) * ((size_t)m_rows * groups + 1));
+    float *xs = malloc(sizeof(float) * ((size_t)m_rows * groups + 1));
+    if (xq == NULL || dx == NULL || xs == NULL) {
+        free(xq);
+        free(dx);
+        free(xs);
+        return -1;
+    }
+    quantize_rows_i8(x, m_rows, k, gs, xq, dx, xs, threads);
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int t = 0; t < tiles; t++) {
+        const uint8_t *wp = packed + (size_t)t * (k / 2) * I8_TILE;
+        const uint16_t *sbp = sb + (size_t)t * groups * 2 * I8_TILE;
+        float acc[I8_ROWS * I8_TILE];
+        for (int m0 = 0; m0 < m_rows; m0 += I8_ROWS) {
+            const int rows = m_rows - m0 < I8_ROWS ? m_rows - m0 : I8_ROWS;
+            const int8_t *xm = xq + (size_t)m0 * k;
+            const float *dm = dx + (size_t)m0 * groups, *sm = xs + (size_t)m0 * groups;
+#ifdef I8_AVX2
+            if (!plain)
+                w4_i8_tile(wp, sbp, xm, dm, sm, acc, rows, k, gs);
+            else
+#endif
+                w4_i8_tile_plain(wp, sbp, xm, dm, sm, acc, rows, k, gs);
+            for (int m = 0; m < rows; m++) {
+                const size_t at = (size_t)(m0 + m) * n + (size_t)t * I8_TILE;
+                if (y_bf16)
+                    for (int j = 0; j < I8_TILE; j++) ((uint16_t *)y)[at + j] = f32_to_bf16(acc[m * I8_TILE + j]);
+                else
+                    memcpy((float *)y + at, acc + m * I8_TILE, sizeof(float) * I8_TILE);
+            }
+        }
+    }
+    free(xq);
+    free(dx);
+    free(xs);
+    return 0;
+}
+
+/* y [M][N] float32 = x [M][K] @ W.T for 8-bit blocks (see the top), through int8
+ * activations per block of 32; `plain` forces the plain-C loops. Needs N % 16 == 0 and
+ * K % 32 == 0. Returns 0, or -1 when scratch memory cannot be had. */
+int q8_gemm_f32(const float *x, const int8_t *codes, const uint16_t *scales, float *y,
+                int m_rows, int k, int n, int threads, int plain) {
+    const int blocks = k / Q8_BLOCK, tiles = n / I8_TILE;
+    (void)plain;
+    int8_t *xq = malloc((size_t)m_rows * k + 64);
+    int16_t *x16 = malloc(sizeof(int16_t) * ((size_t)m_rows * k + 32));
+    float *dx = malloc(sizeof(float) * ((size_t)m_rows * blocks + 1));
+    if (xq == NULL || x16 == NULL || dx == NULL) {
+        free(xq);
+        free(x16);
+        free(dx);
+        return -1;
+    }
+    quantize_rows_i8(x, m_rows, k, Q8_BLOCK, xq, dx, NULL, threads);
+    for (size_t i = 0; i < (size_t)m_rows * k; i++) x16[i] = xq[i];
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int t = 0; t < tiles; t++) {
+        const int8_t *wp = codes + (size_t)t * k * I8_TILE;
+        const uint16_t *sp = scales + (size_t)t * blocks * I8_TILE;
+        float acc[I8_ROWS * I8_TILE];
+        for (int m0 = 0; m0 < m_rows; m0 += I8_ROWS) {
+            const int rows = m_rows - m0 < I8_ROWS ? m_rows - m0 : I8_ROWS;
+            const float *dm = dx + (size_t)m0 * blocks;
+#ifdef I8_AVX2
+            if (!plain)
+                q8_i8_tile(wp, sp, x16 + (size_t)m0 * k, dm, acc, rows, k);
+            else
+#endif
+                q8_i8_tile_plain(wp, sp, xq + (size_t)m0 * k, dm, acc, rows, k);
+            for (int m = 0; m < rows; m++)
+                memcpy(y + (size_t)(m0 + m) * n + (size_t)t * I8_TILE, acc + m * I8_TILE,
+                       sizeof(float) * I8_TILE);
+        }
+    }
+    free(xq);
+    free(x16);
+    free(dx);
+    return 0;
+}
+
+/* The 4-bit product through int8 activations for float32 x and y, for the tests:
+ * `plain` picks the plain-C loops over the vector ones. */
+int w4_i8_gemm_f32(const float *x, const uint8_t *packed, const uint16_t *sb, float *y,
+                   int m_rows, int k, int n, int gs, int threads, int plain) {
+    return w4_gemm_i8(x, packed, sb, y, 0, m_rows, k, n, gs, threads, plain);
+}
