@@ -50,10 +50,10 @@ def load_model_parts(args: EngineArgs) -> tuple[Any, Any, Any, ModelInfo]:
 
         tokenizer = tokenizer_from_gguf(path)
         fmt = "gguf"
-        from localpaged.model.loader import gguf_kept_types, gguf_q8_head
+        from localpaged.model.loader import gguf_int8, gguf_kept_types
 
         kept = gguf_kept_types(model.dtype, device)
-        print(f"localpaged: {name}: {open_gguf(path).load_summary(model.dtype, kept, gguf_q8_head(model.dtype, device))}",
+        print(f"localpaged: {name}: {open_gguf(path).load_summary(model.dtype, kept, gguf_int8(model.dtype, device))}",
               file=sys.stderr, flush=True)
     elif any((path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
         from localpaged.model.tokenizer import Tokenizer

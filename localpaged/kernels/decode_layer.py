@@ -4,7 +4,8 @@ with no torch op in between. For a small model the some sixty torch ops of a lay
 than its matmuls; this path leaves the matmuls and little else.
 
 `CpuDecodePlan.build(model)` returns a plan when every layer qualifies (bf16 or float32, fused
-q/k/v and gate/up on the own 4-bit kernel, no act-order); the model runs decode-only steps through
+q/k/v and gate/up on the own 4-bit kernel, no act-order; in float32 also int8 blocks, GGUF
+types without a 4-bit kernel or fused layers of mixed types); the model runs decode-only steps through
 `plan.run` and everything else (prefill, mixed steps) through its modules.
 """
 
@@ -24,7 +25,9 @@ DTYPES = (torch.bfloat16, torch.float32)  # the kernel's builds: the model's act
 
 class _W4(ctypes.Structure):
     _fields_ = [("packed", ctypes.c_void_p), ("sb", ctypes.c_void_p), ("bias", ctypes.c_void_p),
-                ("k", ctypes.c_int), ("n", ctypes.c_int), ("group_size", ctypes.c_int)]
+                ("k", ctypes.c_int), ("n", ctypes.c_int), ("group_size", ctypes.c_int),
+                ("codes8", ctypes.c_void_p), ("scales8", ctypes.c_void_p),
+                ("offsets8", ctypes.c_void_p), ("block8", ctypes.c_int)]
 
 
 class _Layer(ctypes.Structure):
@@ -41,10 +44,25 @@ class _Step(ctypes.Structure):
         ("tables", ctypes.c_void_p), ("seq_lens", ctypes.c_void_p), ("cos_sin", ctypes.c_void_p)]
 
 
-def _w4(linear: Any) -> _W4 | None:
-    """The C view of a QuantLinear on the own kernel, or None if it is not one."""
-    if getattr(linear, "w4_packed", None) is None or linear.perm is not None:
+def _int8_blocks(linear: Any, dtype: torch.dtype) -> _W4 | None:
+    """The C view of a Q8Linear (int8 blocks) in a float32 model, or None."""
+    from localpaged.quant.q8_linear import Q8Linear
+
+    if not isinstance(linear, Q8Linear) or dtype != torch.float32:
         return None
+    bias, offsets = linear.bias, linear.tile_offsets
+    if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
+        return None
+    return _W4(None, None, bias.data_ptr() if bias is not None else None, linear.in_features,
+               linear.out_features, 0, linear.tiles.data_ptr(), linear.tile_scales.data_ptr(),
+               offsets.data_ptr() if offsets is not None else None, linear.block)
+
+
+def _w4(linear: Any, dtype: torch.dtype) -> _W4 | None:
+    """The C view of a QuantLinear on the own kernel (or of int8 blocks), or None if it is
+    neither."""
+    if getattr(linear, "w4_packed", None) is None or linear.perm is not None:
+        return _int8_blocks(linear, dtype)
     bias = linear.bias
     if bias is not None and bias.dtype != linear.dtype:
         return None
@@ -83,7 +101,8 @@ class CpuDecodePlan:
             attn, mlp = layer.self_attn, layer.mlp
             if attn.qkv_proj is None or mlp.gate_up_proj is None:
                 return None
-            views = [_w4(m) for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)]
+            views = [_w4(m, model.dtype)
+                     for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)]
             if any(v is None for v in views):
                 return None
             norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)

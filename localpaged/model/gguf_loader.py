@@ -23,6 +23,7 @@ import torch
 
 from localpaged.quant import ggml_types
 from localpaged.quant.ggml_int4 import INT4_TYPES, int4_parts
+from localpaged.quant.ggml_int8 import INT8_TYPES
 
 if TYPE_CHECKING:
     from gguf import GGUFReader
@@ -314,20 +315,18 @@ class GGUFFile:
             yield raw.name, self._dense(raw, config)
 
     def int4_weights(self, types: frozenset[str] = INT4_TYPES,
-                     q8_head: bool = False) -> Iterator[tuple[str, Any]]:
+                     int8: bool = False) -> Iterator[tuple[str, Any]]:
         """Like `weights()`, but matrices of `types` (default Q4_0/Q4_1/Q4_K) come as
         `localpaged.quant.layout.Int4Weight` (group size 32) and stay 4-bit (see
-        `localpaged.quant.ggml_int4`), and with `q8_head` a Q8_0 token embedding or output
-        layer comes as a `Q8Weight`. Every other tensor is dequantized to float32 as in
-        `weights()`, once, here."""
+        `localpaged.quant.ggml_int4`), and with `int8` the matrices of the other block types
+        come as int8 blocks (`localpaged.quant.ggml_int8.Int8Blocks`). Every other tensor is
+        dequantized to float32 as in `weights()`, once, here."""
         config = self.hf_config()
         for raw in self.raw_tensors():
             if raw.type_name in types and len(raw.shape) == 2:
                 yield raw.name, q4_to_int4(raw, self._rotary_heads(raw, config))
-            elif q8_head and _is_q8_head(raw):
-                from localpaged.quant.q8_linear import Q8Weight
-
-                yield raw.name, Q8Weight.from_gguf_bytes(raw.data, raw.shape)
+            elif int8 and _int8_fits(raw):
+                yield raw.name, q_to_int8(raw, self._rotary_heads(raw, config))
             else:
                 yield raw.name, self._dense(raw, config)
 
@@ -337,16 +336,16 @@ class GGUFFile:
         return value if isinstance(value, str) else None
 
     def tensors_for(self, dtype: torch.dtype, kept: frozenset[str] | None = None,
-                    q8_head: bool = False) -> Iterator[tuple[str, Any]]:
+                    int8: bool = False) -> Iterator[tuple[str, Any]]:
         """The weights to build a model computing in `dtype` from: the matrices of the types
-        `kept` 4-bit (default: Q4_0/Q4_1/Q4_K in 16-bit, none in float32), a Q8_0 embedding
-        or output layer kept 8-bit with `q8_head`, the rest dense."""
+        `kept` 4-bit (default: Q4_0/Q4_1/Q4_K in 16-bit, none in float32), with `int8` those
+        of the other block types as int8 blocks, the rest dense."""
         kept = kept_4bit(dtype) if kept is None else kept
-        return self.int4_weights(kept, q8_head) if kept or q8_head else self.weights()
+        return self.int4_weights(kept, int8) if kept or int8 else self.weights()
 
     def load_summary(self, dtype: torch.dtype, kept: frozenset[str] | None = None,
-                     q8_head: bool = False) -> str:
-        """What `tensors_for(dtype, kept, q8_head)` does with the matrices of each type, e.g.
+                     int8: bool = False) -> str:
+        """What `tensors_for(dtype, kept, int8)` does with the matrices of each type, e.g.
         (SmolLM2-135M as Q4_K_M) "weights: Q4_K x 16 kept 4-bit (group 32); Q5_0 x 166,
         Q6_K x 14, Q8_0 x 15 -> bfloat16"."""
         types = kept_4bit(dtype) if kept is None else kept
@@ -358,10 +357,10 @@ class GGUFFile:
             kind = t.tensor_type.name
             if len(t.shape) != 2 or (kind, target) in (("F32", "float32"), ("BF16", "bfloat16")):
                 continue
-            if q8_head and kind == "Q8_0" and t.name in _Q8_HEADS:
-                counts = eight_bit
-            elif kind in types and t.name != "token_embd.weight":
+            if kind in types and t.name != "token_embd.weight":
                 counts = four_bit
+            elif int8 and kind in INT8_TYPES:
+                counts = eight_bit
             else:
                 counts = converted
             counts[kind] = counts.get(kind, 0) + 1
@@ -371,7 +370,7 @@ class GGUFFile:
                          + " kept 4-bit (group 32)")
         if eight_bit:
             parts.append(", ".join(f"{k} x {n}" for k, n in sorted(eight_bit.items()))
-                         + " kept 8-bit (embedding / output)")
+                         + " as int8 blocks")
         if converted:
             parts.append(", ".join(f"{k} x {n}" for k, n in sorted(converted.items()))
                          + f" -> {target}")
@@ -432,15 +431,27 @@ def open_gguf(path: str | Path) -> GGUFFile:
     return cached
 
 
-_Q8_HEADS = ("token_embd.weight", "output.weight")
-
-
-def _is_q8_head(raw: RawTensor) -> bool:
-    """A Q8_0 token embedding or output layer the int8 kernel's tiles fit."""
+def _int8_fits(raw: RawTensor) -> bool:
+    """A matrix of a type with an int8 form whose blocks the 8-bit kernel's tiles fit."""
     from localpaged.quant.q8_linear import fits_kernel
 
-    return (raw.type_name == "Q8_0" and raw.gguf_name in _Q8_HEADS and len(raw.shape) == 2
-            and fits_kernel((raw.shape[0], raw.shape[1])))
+    return (raw.type_name in INT8_TYPES and len(raw.shape) == 2
+            and fits_kernel((raw.shape[0], raw.shape[1]), INT8_TYPES[raw.type_name][0]))
+
+
+def q_to_int8(raw: RawTensor, rotary_heads: int | None = None) -> Any:
+    """A GGUF matrix of a type in `ggml_int8.INT8_TYPES` as `Int8Blocks` (the same values),
+    with llama.cpp's q/k row permutation undone when `rotary_heads` is given."""
+    from localpaged.quant.ggml_int8 import int8_blocks
+
+    n, k = raw.shape
+    try:
+        blocks = int8_blocks(raw.type_name, raw.data, n, k)
+    except ValueError as exc:
+        raise ValueError(f"tensor {raw.gguf_name}: {exc}") from None
+    if rotary_heads:
+        blocks = blocks.permute_rows(lambda a: unpermute_rotary(a, rotary_heads))
+    return blocks
 
 
 def q4_to_int4(raw: RawTensor, rotary_heads: int | None = None) -> Any:

@@ -31,6 +31,10 @@ def fuse_linears(layers: list[nn.Module]) -> nn.Module:
     """One layer whose output is the outputs of `layers` (same input) concatenated.
     Raises ValueError when they cannot be joined."""
     first = layers[0]
+    from localpaged.quant.q8_linear import Q8Linear
+
+    if any(isinstance(layer, Q8Linear) for layer in layers):  # int8 blocks, maybe mixed with 4-bit
+        return Q8Linear.concat(layers)
     if any(type(layer) is not type(first) for layer in layers):
         raise ValueError("cannot join layers of different kinds")
     if any((layer.bias is None) != (first.bias is None) for layer in layers):

@@ -98,12 +98,12 @@ def build_model(
             continue
         if name == "lm_head.weight" and config.tie_word_embeddings:
             continue
-        if not isinstance(tensor, torch.Tensor):  # GGUF Q4 (Int4Weight) or Q8_0 (Q8Weight)
-            from localpaged.quant.loader import install_int4, install_q8
-            from localpaged.quant.q8_linear import Q8Weight
+        if not isinstance(tensor, torch.Tensor):  # GGUF Q4 (Int4Weight) or int8 blocks
+            from localpaged.quant.ggml_int8 import Int8Blocks
+            from localpaged.quant.loader import install_int4, install_int8
 
-            if isinstance(tensor, Q8Weight):
-                install_q8(model, name, tensor, config.tie_word_embeddings)
+            if isinstance(tensor, Int8Blocks):
+                install_int8(model, name, tensor, config.tie_word_embeddings)
             else:
                 install_int4(model, name, tensor)
             loaded.add(name)
@@ -163,9 +163,9 @@ def gguf_kept_types(dtype: torch.dtype, device: torch.device | str) -> frozenset
     return kept_4bit(dtype, float32_kernel, int8)
 
 
-def gguf_q8_head(dtype: torch.dtype, device: torch.device | str) -> bool:
-    """Whether a GGUF's Q8_0 embedding / output layer stays 8-bit: float32 on a CPU whose
-    kernels take float32 activations as int8."""
+def gguf_int8(dtype: torch.dtype, device: torch.device | str) -> bool:
+    """Whether a GGUF's matrices of the other block types (Q8_0, Q5_0, Q6_K ...) stay int8
+    blocks: in float32 on a CPU whose kernels take float32 activations as int8."""
     if dtype != torch.float32 or torch.device(device).type != "cpu":
         return False
     from localpaged.quant import cpu_w4
@@ -190,8 +190,8 @@ def load_model(
         # other types are dequantized once here. `hf_config()` refused unknown types already.
         torch_dtype = resolve_dtype(dtype, None, device)
         kept = gguf_kept_types(torch_dtype, device)
-        q8 = gguf_q8_head(torch_dtype, device)
-        return build_model(config, gguf.tensors_for(torch_dtype, kept, q8), torch_dtype,
+        int8 = gguf_int8(torch_dtype, device)
+        return build_model(config, gguf.tensors_for(torch_dtype, kept, int8), torch_dtype,
                            device), config
     config = ModelConfig.from_pretrained(path)
     weights = iter_safetensors(safetensors_files(path))  # lazy: read inside build_model

@@ -122,32 +122,60 @@ def matmul_w8(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
     return _gemm("w8", x, packed, scales, (), isa)
 
 
-Q8_BLOCK = 32
+Q8_BLOCK = 32  # GGUF Q8_0's block
 
 
-def pack_q8(codes: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(`tiles`, `tile_scales`) for `matmul_q8` from int8 `codes` `[N, K]` and per-block
-    `scales` `[N, K/32]` (GGUF Q8_0: `W = codes * scale`); N % 16 == 0, K % 32 == 0."""
+def pack_q8(codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor | None = None,
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(`tiles`, `tile_scales`, `tile_offsets`) for `matmul_q8` from int8 `codes` `[N, K]`
+    and per-block `scales` (and `offsets`, or None) `[N, K/block]`: `W = codes * scale +
+    offset` per block (GGUF Q8_0: block 32, no offset). N % 16 == 0, an even block."""
     n, k = codes.shape
-    if n % TILE or k % Q8_BLOCK or scales.shape != (n, k // Q8_BLOCK):
-        raise ValueError(f"Q8 blocks need N % 16 == 0, K % 32 == 0 (got {n} x {k})")
-    tile_scales = scales.to(torch.float16).reshape(n // TILE, TILE, k // Q8_BLOCK).transpose(1, 2)
-    return pack_w8(codes), tile_scales.contiguous()
+    blocks = scales.shape[1]
+    block = k // blocks if blocks else 0
+    if n % TILE or not block or block % 2 or block * blocks != k or scales.shape[0] != n:
+        raise ValueError(f"8-bit blocks need N % 16 == 0 and whole even blocks "
+                         f"(got {n} x {k}, {blocks} blocks)")
+
+    def tiled(t: torch.Tensor) -> torch.Tensor:
+        return t.float().reshape(n // TILE, TILE, blocks).transpose(1, 2).contiguous()
+
+    return pack_w8(codes), tiled(scales), None if offsets is None else tiled(offsets)
 
 
-def dequantize_q8(tiles: torch.Tensor, tile_scales: torch.Tensor) -> torch.Tensor:
+def dequantize_q8(tiles: torch.Tensor, tile_scales: torch.Tensor,
+                  tile_offsets: torch.Tensor | None = None) -> torch.Tensor:
     """The weight `[N, K]` in float32 from `pack_q8`'s layout."""
     t, pairs, _, _ = tiles.shape
     codes = tiles.permute(0, 3, 1, 2).reshape(t * TILE, pairs * 2).float()
-    scales = tile_scales.float().transpose(1, 2).reshape(t * TILE, -1)
-    return codes * scales.repeat_interleave(Q8_BLOCK, dim=1)
+    block = pairs * 2 // tile_scales.shape[1]
+
+    def per_value(v: torch.Tensor) -> torch.Tensor:
+        return v.transpose(1, 2).reshape(t * TILE, -1).repeat_interleave(block, dim=1)
+
+    w = codes * per_value(tile_scales)
+    return w if tile_offsets is None else w + per_value(tile_offsets)
 
 
 def matmul_q8(x: torch.Tensor, tiles: torch.Tensor, tile_scales: torch.Tensor,
-              isa: str | None = None, plain: bool = False) -> torch.Tensor:
-    """`x @ W.T` for float32 `x` `[M, K]` and Q8_0 blocks (`pack_q8`), through int8
-    activations per block of 32; `plain` takes the plain-C loops (the tests' reference)."""
-    return _gemm("q8", x.float(), tiles, tile_scales, (), isa, plain=plain)
+              tile_offsets: torch.Tensor | None = None, isa: str | None = None,
+              plain: bool = False) -> torch.Tensor:
+    """`x @ W.T` for float32 `x` `[M, K]` and 8-bit blocks (`pack_q8`), through int8
+    activations per block; `plain` takes the plain-C loops (the tests' reference)."""
+    lib = native.library(isa)
+    if lib is None:
+        raise RuntimeError("the CPU q8 kernel is not available on this machine")
+    x = x.float().contiguous()
+    m, k = x.shape
+    if tiles.shape[1] * 2 != k:
+        raise ValueError(f"x has {k} columns, the weight {tiles.shape[1] * 2}")
+    n, block = tiles.shape[0] * TILE, k // tile_scales.shape[1]
+    y = torch.empty(m, n, dtype=torch.float32)
+    offsets = tile_offsets.data_ptr() if tile_offsets is not None else None
+    if m and lib.q8_gemm_f32(x.data_ptr(), tiles.data_ptr(), tile_scales.data_ptr(), offsets,
+                             y.data_ptr(), m, k, n, block, torch.get_num_threads(), int(plain)):
+        raise MemoryError("the CPU q8 kernel could not allocate its scratch memory")
+    return y
 
 
 def matmul_int8_activations(x: torch.Tensor, packed: torch.Tensor, sb: torch.Tensor,

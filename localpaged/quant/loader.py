@@ -169,28 +169,26 @@ def install_int4(model: nn.Module, name: str, weight: Any) -> None:
     setattr(model.get_submodule(parent) if parent else model, child, layer)
 
 
-def install_q8(model: nn.Module, name: str, weight: Any, tied: bool) -> None:
-    """Put a GGUF Q8_0 token embedding or output layer (`Q8Weight`) into `model` as
-    `Q8Embedding` / `Q8Linear`; a tied embedding serves as the output layer too."""
+def install_int8(model: nn.Module, name: str, weight: Any, tied: bool) -> None:
+    """Put a GGUF matrix kept as int8 blocks (`ggml_int8.Int8Blocks`) named `<prefix>.weight`
+    into `model`: the token embedding as `Q8Embedding` (also the output layer when `tied`),
+    a linear layer as `Q8Linear` (its bias stays shared with the model's parameters)."""
     from localpaged.quant.q8_linear import Q8Embedding, Q8Linear
 
-    if name == "model.embed_tokens.weight":
-        old = model.model.embed_tokens
-        if tuple(weight.codes.shape) != (old.num_embeddings, old.embedding_dim):
-            raise ValueError(f"tensor {name!r}: expected shape "
-                             f"{(old.num_embeddings, old.embedding_dim)}, found "
-                             f"{tuple(weight.codes.shape)}")
-        linear = Q8Linear.from_weight(weight)
-        model.model.embed_tokens = Q8Embedding(linear, old.weight.dtype)
+    prefix, _, leaf = name.rpartition(".")
+    old = model.get_submodule(prefix)
+    want = ((old.num_embeddings, old.embedding_dim) if isinstance(old, nn.Embedding)
+            else (old.out_features, old.in_features) if isinstance(old, nn.Linear) else None)
+    if leaf != "weight" or want is None:
+        raise ValueError(f"tensor {name!r}: int8 blocks fit only a linear or embedding weight")
+    if tuple(weight.shape) != want:
+        raise ValueError(f"tensor {name!r}: expected shape {want}, found {tuple(weight.shape)}")
+    layer = Q8Linear.from_blocks(weight)
+    if isinstance(old, nn.Embedding):
+        model.model.embed_tokens = Q8Embedding(layer, old.weight.dtype)
         if tied:
-            model.lm_head = linear
-    elif name == "lm_head.weight":
-        old = model.lm_head
-        if tuple(weight.codes.shape) != (old.out_features, old.in_features):
-            raise ValueError(f"tensor {name!r}: expected shape "
-                             f"{(old.out_features, old.in_features)}, found "
-                             f"{tuple(weight.codes.shape)}")
-        model.lm_head = Q8Linear.from_weight(weight)
-    else:
-        raise ValueError(f"tensor {name!r}: Q8_0 is kept 8-bit only for the embedding and "
-                         "output layer")
+            model.lm_head = layer
+        return
+    layer.bias = old.bias
+    parent, _, child = prefix.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, child, layer)

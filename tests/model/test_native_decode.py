@@ -80,17 +80,22 @@ def _decode_step_both_ways(model, prompts: list[list[int]]) -> tuple[torch.Tenso
 
 
 # Largest log-prob gap of the top token between the two paths: bf16 rounding in a different
-# order; in float32 only the order of summation.
-GAP = {torch.bfloat16: 0.15, torch.float32: 1e-3}
+# order; in float32 only the order of summation, unless the activations are rounded to int8
+# (then a last-bit difference before a matmul can move a code by one step: measured 0.056 on
+# SmolLM2, AVX2).
+GAP = {torch.bfloat16: 0.15, torch.float32: 1e-3, "int8": 0.15}
 
 
 def _assert_close(reference: torch.Tensor, native: torch.Tensor, dtype: torch.dtype) -> None:
+    from localpaged.quant import cpu_w4
+
     top = reference.argmax(-1)
     assert torch.equal(native.argmax(-1), top)
     gap = (native.gather(1, top[:, None]) - reference.gather(1, top[:, None])).abs().max()
-    assert gap < GAP[dtype], gap
-    probs = reference.exp()
-    assert (probs * (native - reference)).abs().sum(-1).max() < 0.1
+    int8 = dtype == torch.float32 and cpu_w4.int8_activations()
+    assert gap < GAP["int8" if int8 else dtype], gap
+    probs = reference.exp()  # expected log-prob difference (0.107 measured with int8 on SmolLM2)
+    assert (probs * (native - reference)).abs().sum(-1).max() < (0.2 if int8 else 0.1)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "f32"])
@@ -129,3 +134,35 @@ def test_native_decode_matches_the_torch_layers_on_smollm(smollm_gguf: Path, cpu
     chat = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 30, 2, 198, 1, 4093, 198, 1780,
             314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198]  # SmolLM2 chat prompt
     _assert_close(*_decode_step_both_ways(model, [chat, chat[:9], chat[:20]]), dtype)
+
+
+def test_native_decode_takes_int8_blocks_of_a_mixed_gguf_in_float32(
+        tmp_path: Path, cpu_variant: str) -> None:
+    """A file mixing Q4_1, Q4_0, Q5_0, Q5_1 and Q8_0 (as llama.cpp's presets do for small
+    models): in float32 with int8 activations the layers of other types are int8 blocks, a
+    q/k/v of mixed types is fused into int8 blocks, and decode steps still take the native
+    layer, agreeing with the torch layers."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "store"))
+    from ggufmaker import write_tiny_gguf
+
+    from localpaged.quant import cpu_w4
+    from localpaged.quant.q8_linear import Q8Linear
+
+    p = "model.layers.0."
+    types = {p + "self_attn.k_proj.weight": "Q5_0", p + "self_attn.v_proj.weight": "Q8_0",
+             p + "mlp.down_proj.weight": "Q5_1", p + "mlp.up_proj.weight": "Q4_0"}
+    model, _ = load_model(write_tiny_gguf(tmp_path / "mixed.gguf", "Q4_1", types=types),
+                          dtype="float32")
+    done = optimize_for_inference(model, torch.device("cpu"))
+    if not cpu_w4.int8_activations():
+        assert done["native_decode"] == 0  # dense Q5/Q8 layers: the torch layers decode
+        return
+    assert done["native_decode"] == 1
+    layer = model.model.layers[0]
+    assert isinstance(layer.self_attn.qkv_proj, Q8Linear) and isinstance(layer.mlp.down_proj, Q8Linear)
+    g = torch.Generator().manual_seed(1)
+    vocab = model.config.vocab_size
+    prompts = [torch.randint(3, vocab, (n,), generator=g).tolist() for n in (4, 17, 9)]
+    _assert_close(*_decode_step_both_ways(model, prompts), torch.float32)

@@ -53,15 +53,45 @@ def test_mixed_file_loads_and_runs_in_both_dtypes(tmp_path: Path) -> None:
     from localpaged.quant.linear import QuantLinear
 
     path = write_tiny_gguf(tmp_path / "mixed.gguf", "Q4_1", types=MIXED)
-    exact, _ = load_model(path, dtype="float32")
-    packed, _ = load_model(path)
+    load_model(path, dtype="float32")
+    packed, _ = load_model(path, dtype="bfloat16")
     layer = packed.model.layers[0]
     assert isinstance(layer.self_attn.q_proj, QuantLinear)  # Q4_1: 4-bit
     assert isinstance(layer.mlp.up_proj, QuantLinear)  # Q4_0: 4-bit
     assert isinstance(layer.mlp.down_proj, torch.nn.Linear)  # Q5_1: dequantized once
     assert layer.mlp.down_proj.weight.dtype == torch.bfloat16
-    want = exact.model.layers[0].mlp.down_proj.weight.to(torch.bfloat16)
+    want = dict(open_gguf(path).weights())[P + "mlp.down_proj.weight"].to(torch.bfloat16)
     assert torch.equal(layer.mlp.down_proj.weight, want)
+
+
+def test_mixed_file_in_float32_keeps_the_other_types_as_int8_blocks(
+        tmp_path: Path, cpu_variant: str) -> None:
+    """Where float32 activations are int8 (AVX2 and up), Q5_0/Q5_1/Q8_0 matrices stay int8
+    blocks holding the file's values exactly (and join 4-bit ones in a fused q/k/v);
+    elsewhere they are dequantized once, as before."""
+    from localpaged.model.loader import load_model
+    from localpaged.quant import cpu_w4
+    from localpaged.quant.q8_linear import Q8Linear
+
+    path = write_tiny_gguf(tmp_path / "mixed.gguf", "Q4_1", types=MIXED)
+    model, _ = load_model(path, dtype="float32")
+    gguf = open_gguf(path)
+    dense = dict(gguf.weights())
+    int8 = cpu_w4.int8_activations()
+    down = model.model.layers[0].mlp.down_proj  # Q5_1
+    assert isinstance(down, Q8Linear) == int8
+    if int8:
+        torch.testing.assert_close(cpu_w4.dequantize_q8(down.tiles, down.tile_scales, down.tile_offsets),
+                                   dense["model.layers.0.mlp.down_proj.weight"], rtol=0, atol=1e-6)
+        assert "as int8 blocks" in gguf.load_summary(torch.float32, kept_4bit(torch.float32, True, True),
+                                                     True)
+        # q (Q4_1, 4-bit), k (Q5_0), v (Q8_0) join as one int8-block layer, rows unpermuted
+        model.fuse_projections()
+        qkv = model.model.layers[0].self_attn.qkv_proj
+        assert isinstance(qkv, Q8Linear)
+        want = torch.cat([dense[f"{P}self_attn.{x}_proj.weight"] for x in "qkv"])
+        got = cpu_w4.dequantize_q8(qkv.tiles, qkv.tile_scales, qkv.tile_offsets)
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
 
 
 def _q4_k_bytes(n: int, k: int, seed: int) -> np.ndarray:

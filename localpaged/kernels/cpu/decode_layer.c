@@ -16,6 +16,11 @@ struct w4_layer {
     const uint16_t *sb;
     const void *bias; /* the model's dtype; NULL: none */
     int k, n, group_size;
+    /* Or int8 blocks (int8_dot.c, float32 models only) where `codes8` is set: a matrix of a
+     * GGUF type without a 4-bit kernel, or a fused one of mixed types. */
+    const int8_t *codes8;
+    const float *scales8, *offsets8;
+    int block8;
 };
 
 struct decode_layer {
@@ -36,6 +41,18 @@ struct decode_step {
 
 static inline float round_bf16(float v) { return bf16_to_f32(f32_to_bf16(v)); }
 static inline float same_f32(float v) { return v; }
+
+static int q8_linear_f32(const struct w4_layer *w, const float *x, float *y, int rows,
+                         int threads) {
+    return q8_gemm_f32(x, w->codes8, w->scales8, w->offsets8, y, rows, w->k, w->n, w->block8,
+                       threads, 0);
+}
+
+static int q8_linear_bf16(const struct w4_layer *w, const uint16_t *x, uint16_t *y, int rows,
+                          int threads) {
+    (void)w, (void)x, (void)y, (void)rows, (void)threads;
+    return -2; /* int8 blocks are kept for float32 models only */
+}
 
 #define DL_CAT2(a, b) a##_##b
 #define DL_CAT(a, b) DL_CAT2(a, b)

@@ -6,8 +6,10 @@
  * 4-bit (the layout of quant_gemm.c, blocks = the weight's groups):
  *   sum_k W[n][k] x[k] over a group = s[n] * dx * sum_k q[k][n] xq[k] + b[n] * sum_k x[k]
  *   (the offset term uses the exact float sum of x).
- * 8-bit blocks (GGUF Q8_0: 32 codes per block, one float16 scale each):
- *   codes int8 [N/16][K/2][2][16] (as w8_gemm), scales float16 [N/16][K/32][16].
+ * 8-bit blocks (GGUF Q8_0, and the other GGUF types whose codes fit in int8: Q5_0/1, Q6_K,
+ * IQ4_NL ...): codes int8 [N/16][K/2][2][16] (as w8_gemm), per block of `bs` values of K a
+ * float32 scale and optionally a float32 offset per column, [N/16][K/bs][16] each:
+ *   W[n][k] = code * scale + offset.
  *
  * AVX2: `vpmaddubsw` multiplies the unsigned 4-bit codes with the signed int8 activations,
  * two products per 16-bit lane (at most 2 * 15 * 127, so eight lanes' worth add up without
@@ -29,7 +31,6 @@
 
 #define I8_TILE 16
 #define I8_ROWS 4 /* rows of x per pass over a weight tile (AVX2 has 16 registers) */
-#define Q8_BLOCK 32
 
 /* Row m of x [rows][k] quantized per block of `bs` (k % bs == 0): xq [rows][k], and per
  * block its scale dx [rows][k/bs] and the exact sum of its values xsum (NULL: not wanted). */
@@ -78,22 +79,26 @@ static void w4_i8_tile_plain(const uint8_t *wp, const uint16_t *sbp, const int8_
     }
 }
 
-/* The 8-bit block product of one tile for `rows` rows, plain C: acc [rows][16]. */
-static void q8_i8_tile_plain(const int8_t *wp, const uint16_t *sp, const int8_t *xq,
-                             const float *dx, float *acc, int rows, int k) {
-    const int blocks = k / Q8_BLOCK;
+/* The 8-bit block product of one tile for `rows` rows, plain C: acc [rows][16]. Per block
+ * b and column j: scale sp[b][j] times the int8 dot product, plus offset op[b][j] (if any)
+ * times the block's exact sum of x. */
+static void q8_i8_tile_plain(const int8_t *wp, const float *sp, const float *op,
+                             const int8_t *xq, const float *dx, const float *xs, float *acc,
+                             int rows, int k, int bs) {
+    const int blocks = k / bs;
     for (int m = 0; m < rows; m++)
         for (int j = 0; j < I8_TILE; j++) {
             float a = 0.f;
             for (int b = 0; b < blocks; b++) {
                 int32_t dot = 0;
-                for (int i = 0; i < Q8_BLOCK; i++) {
-                    const int kk = b * Q8_BLOCK + i;
+                for (int i = 0; i < bs; i++) {
+                    const int kk = b * bs + i;
                     dot += wp[(size_t)(kk / 2) * 2 * I8_TILE + (kk % 2) * I8_TILE + j] *
                            xq[(size_t)m * k + kk];
                 }
-                a += f16_to_f32(sp[(size_t)b * I8_TILE + j]) *
-                     (dx[(size_t)m * blocks + b] * (float)dot);
+                const size_t at = (size_t)b * I8_TILE + j;
+                a += sp[at] * (dx[(size_t)m * blocks + b] * (float)dot);
+                if (op != NULL) a += op[at] * xs[(size_t)m * blocks + b];
             }
             acc[m * I8_TILE + j] = a;
         }
@@ -165,16 +170,16 @@ static inline __attribute__((always_inline)) void w4_i8_tile_n(
 /* q8_i8_tile_plain with AVX2: each pair of code rows becomes 16-bit pairs per column,
  * multiplied with the row's pair of activations by `vpmaddwd`. */
 static inline __attribute__((always_inline)) void q8_i8_tile_n(
-    const int8_t *wp, const uint16_t *sp, const int16_t *x16, const float *dx, float *acc,
-    int rows, int k) {
-    const int blocks = k / Q8_BLOCK;
+    const int8_t *wp, const float *sp, const float *op, const int16_t *x16, const float *dx,
+    const float *xs, float *acc, int rows, int k, int bs) {
+    const int blocks = k / bs;
     const int32_t *xw = (const int32_t *)x16; /* pairs of 16-bit activations */
     __m256 out[I8_ROWS][2];
     for (int m = 0; m < I8_ROWS; m++) out[m][0] = out[m][1] = _mm256_setzero_ps();
     for (int b = 0; b < blocks; b++) {
         __m256i dot[I8_ROWS][2];
         for (int m = 0; m < I8_ROWS; m++) dot[m][0] = dot[m][1] = _mm256_setzero_si256();
-        for (int p = b * Q8_BLOCK / 2; p < (b + 1) * Q8_BLOCK / 2; p++) {
+        for (int p = b * bs / 2; p < (b + 1) * bs / 2; p++) {
             const int8_t *pp = wp + (size_t)p * 2 * I8_TILE;
             if (p % 2 == 0) _mm_prefetch((const char *)pp + 1024, _MM_HINT_T0);
             const __m128i c0 = _mm_loadu_si128((const __m128i *)pp);
@@ -189,14 +194,23 @@ static inline __attribute__((always_inline)) void q8_i8_tile_n(
                 dot[m][1] = _mm256_add_epi32(dot[m][1], _mm256_madd_epi16(w1, xb));
             }
         }
-        const __m256 s0 = load_f16x8(sp + (size_t)b * I8_TILE);
-        const __m256 s1 = load_f16x8(sp + (size_t)b * I8_TILE + 8);
+        const __m256 s0 = _mm256_loadu_ps(sp + (size_t)b * I8_TILE);
+        const __m256 s1 = _mm256_loadu_ps(sp + (size_t)b * I8_TILE + 8);
 #pragma GCC unroll 4
         for (int m = 0; m < I8_ROWS; m++) {
             if (m >= rows) continue;
             const __m256 d = _mm256_set1_ps(dx[(size_t)m * blocks + b]);
             out[m][0] = _mm256_fmadd_ps(_mm256_mul_ps(s0, d), _mm256_cvtepi32_ps(dot[m][0]), out[m][0]);
             out[m][1] = _mm256_fmadd_ps(_mm256_mul_ps(s1, d), _mm256_cvtepi32_ps(dot[m][1]), out[m][1]);
+        }
+        if (op != NULL) {
+            const __m256 o0 = _mm256_loadu_ps(op + (size_t)b * I8_TILE);
+            const __m256 o1 = _mm256_loadu_ps(op + (size_t)b * I8_TILE + 8);
+            for (int m = 0; m < rows; m++) {
+                const __m256 sx = _mm256_set1_ps(xs[(size_t)m * blocks + b]);
+                out[m][0] = _mm256_fmadd_ps(o0, sx, out[m][0]);
+                out[m][1] = _mm256_fmadd_ps(o1, sx, out[m][1]);
+            }
         }
     }
     for (int m = 0; m < rows; m++) {
@@ -214,10 +228,10 @@ static void w4_i8_tile(const uint8_t *wp, const uint16_t *sbp, const int8_t *xq,
     }
 }
 
-static void q8_i8_tile(const int8_t *wp, const uint16_t *sp, const int16_t *x16, const float *dx,
-                       float *acc, int rows, int k) {
+static void q8_i8_tile(const int8_t *wp, const float *sp, const float *op, const int16_t *x16,
+                       const float *dx, const float *xs, float *acc, int rows, int k, int bs) {
     switch (rows) {
-#define I8_CASE(r) case r: q8_i8_tile_n(wp, sp, x16, dx, acc, r, k); break;
+#define I8_CASE(r) case r: q8_i8_tile_n(wp, sp, op, x16, dx, xs, acc, r, k, bs); break;
         I8_CASE(1) I8_CASE(2) I8_CASE(3) I8_CASE(4)
 #undef I8_CASE
     }
@@ -280,38 +294,42 @@ static int w4_gemm_i8(const float *x, const uint8_t *packed, const uint16_t *sb,
     return 0;
 }
 
-/* y [M][N] float32 = x [M][K] @ W.T for 8-bit blocks (see the top), through int8
- * activations per block of 32; `plain` forces the plain-C loops. Needs N % 16 == 0 and
- * K % 32 == 0. Returns 0, or -1 when scratch memory cannot be had. */
-int q8_gemm_f32(const float *x, const int8_t *codes, const uint16_t *scales, float *y,
-                int m_rows, int k, int n, int threads, int plain) {
-    const int blocks = k / Q8_BLOCK, tiles = n / I8_TILE;
+/* y [M][N] float32 = x [M][K] @ W.T for 8-bit blocks of `bs` values (see the top),
+ * through int8 activations per block; `offsets` may be NULL; `plain` forces the plain-C
+ * loops. Needs N % 16 == 0, K % bs == 0, bs even. Returns 0, or -1 when scratch memory
+ * cannot be had. */
+int q8_gemm_f32(const float *x, const int8_t *codes, const float *scales, const float *offsets,
+                float *y, int m_rows, int k, int n, int bs, int threads, int plain) {
+    const int blocks = k / bs, tiles = n / I8_TILE;
     (void)plain;
     int8_t *xq = malloc((size_t)m_rows * k + 64);
     int16_t *x16 = malloc(sizeof(int16_t) * ((size_t)m_rows * k + 32));
     float *dx = malloc(sizeof(float) * ((size_t)m_rows * blocks + 1));
-    if (xq == NULL || x16 == NULL || dx == NULL) {
+    float *xs = malloc(sizeof(float) * ((size_t)m_rows * blocks + 1));
+    if (xq == NULL || x16 == NULL || dx == NULL || xs == NULL) {
         free(xq);
         free(x16);
         free(dx);
+        free(xs);
         return -1;
     }
-    quantize_rows_i8(x, m_rows, k, Q8_BLOCK, xq, dx, NULL, threads);
+    quantize_rows_i8(x, m_rows, k, bs, xq, dx, xs, threads);
     for (size_t i = 0; i < (size_t)m_rows * k; i++) x16[i] = xq[i];
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int t = 0; t < tiles; t++) {
         const int8_t *wp = codes + (size_t)t * k * I8_TILE;
-        const uint16_t *sp = scales + (size_t)t * blocks * I8_TILE;
+        const float *sp = scales + (size_t)t * blocks * I8_TILE;
+        const float *op = offsets != NULL ? offsets + (size_t)t * blocks * I8_TILE : NULL;
         float acc[I8_ROWS * I8_TILE];
         for (int m0 = 0; m0 < m_rows; m0 += I8_ROWS) {
             const int rows = m_rows - m0 < I8_ROWS ? m_rows - m0 : I8_ROWS;
-            const float *dm = dx + (size_t)m0 * blocks;
+            const float *dm = dx + (size_t)m0 * blocks, *sm = xs + (size_t)m0 * blocks;
 #ifdef I8_AVX2
             if (!plain)
-                q8_i8_tile(wp, sp, x16 + (size_t)m0 * k, dm, acc, rows, k);
+                q8_i8_tile(wp, sp, op, x16 + (size_t)m0 * k, dm, sm, acc, rows, k, bs);
             else
 #endif
-                q8_i8_tile_plain(wp, sp, xq + (size_t)m0 * k, dm, acc, rows, k);
+                q8_i8_tile_plain(wp, sp, op, xq + (size_t)m0 * k, dm, sm, acc, rows, k, bs);
             for (int m = 0; m < rows; m++)
                 memcpy(y + (size_t)(m0 + m) * n + (size_t)t * I8_TILE, acc + m * I8_TILE,
                        sizeof(float) * I8_TILE);
@@ -320,6 +338,7 @@ int q8_gemm_f32(const float *x, const int8_t *codes, const uint16_t *scales, flo
     free(xq);
     free(x16);
     free(dx);
+    free(xs);
     return 0;
 }
 
