@@ -209,8 +209,9 @@ class LlamaForCausalLM(nn.Module):
         self.tie_weights()
         rope_device = "cpu" if torch.device(device).type == "meta" else device
         self.register_buffer("cos_sin", build_cos_sin(config, rope_device), persistent=False)
-        # Decode steps through one native call per layer (CPU, 4-bit; set by
-        # localpaged.model.optimize when every layer qualifies).
+        # Decode rows through one native call per layer (CPU, 4-bit; set by
+        # localpaged.model.optimize when every layer qualifies); prompt chunks beside them
+        # through the layers below.
         self.cpu_decode: Any = None
 
     def fuse_projections(self) -> None:
