@@ -15,8 +15,9 @@ read alongside: while a chat streams, a long prompt reads at about half speed (a
 again once the stream ends).
 
 Where the decodes cost more in a step that reads a prompt than in a step of their own (on
-the CPU a decode-only step is one native call per layer, a step with prompt tokens runs the
-torch layers, with a larger fixed part), the target is that dearer step, before its prompt
+the CPU the decode rows run their native call per layer in both, but the prompt's chunks
+run the torch layers, whose fixed part a step pays whatever the chunk; without the native
+decode plan the rows run those layers too), the target is that dearer step, before its prompt
 tokens, plus the prompt's decode step of time: no chunk size avoids the fixed part, and
 without the extra step the prompt would read one block a step at its full cost. The fixed
 part comes from the prefill fit; until chunks of several sizes are measured it is about a

@@ -3,11 +3,19 @@
 The engine times every step and feeds (shape, seconds) to a `StepCostModel`; the scheduler
 asks it what a batch would cost before it picks a prefill chunk (see `StepTimeBound`). Two
 fits, because the two kinds of step take different code paths (on the CPU a decode-only step
-runs one native call per layer, a step with prefill tokens runs the torch layers):
+runs one native call per layer, a step with prefill tokens runs the torch layers for its
+chunks, and its decode rows either beside them or, with the native decode plan, apart):
 
     decode-only step   ~ fixed + per row + per 10k tokens of context read
-    step with prefill  ~ fixed + per decode row + per prefill token
+    step with prefill  ~ fixed + (if it has decode rows) their path's fixed part
+                         + per decode row + per prefill token
                          + per prefill token x context it attends to (attention grows with it)
+
+The decode rows' fixed part is what a step of decodes and chunks costs over a step of the
+same chunks alone, beyond the rows' own cost: on the CPU with the native decode plan a
+decode-only step's fixed part, which a slope per row alone would spread over the rows
+(learned from steps of one decode row, it made four rows look four fixed parts dear);
+elsewhere about 0.
 
 Each fit is least squares over the recent steps (older ones fade by `FORGET` per step, so a
 machine that gets busier is followed), with coefficients kept >= 0 so a chunk never looks
@@ -61,7 +69,8 @@ def _decode_features(s: StepShape) -> list[float]:
 
 
 def _prefill_features(s: StepShape) -> list[float]:
-    return [1.0, float(s.decodes), s.prefill_tokens / 1e2, s.prefill_attention / 1e6]
+    return [1.0, float(s.decodes > 0), float(s.decodes), s.prefill_tokens / 1e2,
+            s.prefill_attention / 1e6]
 
 
 class DecayedLeastSquares:
@@ -96,7 +105,7 @@ class DecayedLeastSquares:
 
     def _solve(self) -> list[float]:
         # Drop the most negative non-intercept coefficient and solve again, until none is
-        # negative (a small active-set NNLS; four features at most).
+        # negative (a small active-set NNLS; five features at most).
         active = list(range(self.n))
         while True:
             sub = _solve_linear([[self.xtx[i][j] + (RIDGE if i == j and i else 0.0)
@@ -136,7 +145,7 @@ class StepCostModel:
 
     def __init__(self) -> None:
         self.decode_fit = DecayedLeastSquares(3)
-        self.prefill_fit = DecayedLeastSquares(4)
+        self.prefill_fit = DecayedLeastSquares(5)
         self.mixed_prefill_seen = 0  # the most prompt tokens measured in a step with decodes
         self._skipped = {"decode": 0, "prefill": 0}
 

@@ -9,6 +9,7 @@ own position. A decode is the case of one query token per request.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,6 +58,31 @@ class AttentionMetadata:
     @property
     def is_decode_only(self) -> bool:
         return self.max_query_len == 1
+
+
+def select_requests(meta: AttentionMetadata, requests: list[int]
+                    ) -> tuple[AttentionMetadata, torch.Tensor]:
+    """The requests `requests` (indices into `meta`'s batch, in that order) as a batch of
+    their own: its metadata, and the flat rows of their query tokens in `meta`'s batch (to
+    take their inputs with and put their outputs back). Their slots, block tables and
+    context lengths are theirs unchanged, so their KV goes where it would have gone."""
+    starts = meta.query_start_loc.tolist()
+    rows = [t for i in requests for t in range(starts[i], starts[i + 1])]
+    lens = [starts[i + 1] - starts[i] for i in requests]
+    dev = meta.query_start_loc.device
+    index = torch.tensor(requests, dtype=torch.long, device=dev)
+    rows_t = torch.tensor(rows, dtype=torch.long, device=dev)
+    seq_lens = meta.seq_lens.index_select(0, index)
+    sub = AttentionMetadata(
+        slot_mapping=meta.slot_mapping.index_select(0, rows_t),
+        block_tables=meta.block_tables.index_select(0, index),
+        seq_lens=seq_lens,
+        query_start_loc=torch.tensor([0, *itertools.accumulate(lens)],
+                                     dtype=meta.query_start_loc.dtype, device=dev),
+        max_query_len=max(lens, default=0),
+        max_seq_len=int(seq_lens.max()) if requests else 0,
+    )
+    return sub, rows_t
 
 
 def _additive_mask(hidden: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -5,8 +5,9 @@ than its matmuls; this path leaves the matmuls and little else.
 
 `CpuDecodePlan.build(model)` returns a plan when every layer qualifies (bf16 or float32, fused
 q/k/v and gate/up on the own 4-bit kernel, no act-order; in float32 also int8 blocks, GGUF
-types without a 4-bit kernel or fused layers of mixed types); the model runs decode-only steps through
-`plan.run` and everything else (prefill, mixed steps) through its modules.
+types without a 4-bit kernel or fused layers of mixed types); the model runs decode rows
+through `plan.run` (a decode-only step whole, the decode rows of a mixed step as a
+sub-batch) and prompt chunks through its modules.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from localpaged.kernels import (
     silu_and_mul,
     write_kv,
 )
+from localpaged.kernels.attention import select_requests
 from localpaged.model.config import ModelConfig
 from localpaged.model.rope import build_cos_sin
 
@@ -65,6 +66,19 @@ def _fuse(module: nn.Module, fused_name: str, names: tuple[str, ...]) -> None:
     setattr(module, fused_name, fused)
     for name in names:
         delattr(module, name)
+
+
+def _merge_rows(num_rows: int, *parts: tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """One (output, residual) pair of `num_rows` rows from sub-batches given as
+    (their rows in the step, (output, residual))."""
+    first = parts[0][1][0]
+    out = first.new_empty(num_rows, first.shape[1])
+    res = torch.empty_like(out)
+    for rows, (o, r) in parts:
+        out.index_copy_(0, rows, o.to(out.dtype))
+        res.index_copy_(0, rows, r.to(res.dtype))
+    return out, res
 
 
 class RMSNorm(nn.Module):
@@ -199,8 +213,9 @@ class LlamaForCausalLM(nn.Module):
         self.tie_weights()
         rope_device = "cpu" if torch.device(device).type == "meta" else device
         self.register_buffer("cos_sin", build_cos_sin(config, rope_device), persistent=False)
-        # Decode steps through one native call per layer (CPU, 4-bit; set by
-        # localpaged.model.optimize when every layer qualifies).
+        # Decode rows through one native call per layer (CPU, 4-bit; set by
+        # localpaged.model.optimize when every layer qualifies); prompt chunks beside them
+        # through the layers below.
         self.cpu_decode: Any = None
 
     def fuse_projections(self) -> None:
@@ -231,17 +246,46 @@ class LlamaForCausalLM(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         h = self.model.embed_tokens(input_ids)
-        residual = None
         done = None
-        if self.cpu_decode is not None and meta.is_decode_only:
-            done = self.cpu_decode.run(h, positions, self.cos_sin, kv_caches, meta)
-        if done is not None:
-            h, residual = done
-        else:
-            for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
-                h, residual = layer(h, residual, positions, self.cos_sin, kv_cache, meta)
+        if self.cpu_decode is not None:
+            if meta.is_decode_only:
+                done = self.cpu_decode.run(h, positions, self.cos_sin, kv_caches, meta)
+            else:
+                done = self._run_mixed(h, positions, kv_caches, meta)
+        h, residual = done if done is not None else self._run_layers(h, positions, kv_caches,
+                                                                     meta)
         h, _ = self.model.norm(h, residual)
         return h
+
+    def _run_layers(self, h: torch.Tensor, positions: torch.Tensor, kv_caches: list[KVCache],
+                    meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        """(output, residual) of the last layer, through the torch layers."""
+        residual = None
+        for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
+            h, residual = layer(h, residual, positions, self.cos_sin, kv_cache, meta)
+        assert residual is not None
+        return h, residual
+
+    def _run_mixed(self, h: torch.Tensor, positions: torch.Tensor, kv_caches: list[KVCache],
+                   meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(output, residual) of the last layer for a step of decodes and prompt chunks: the
+        rows of one query token through the native decode plan, exactly as in a step of their
+        own, and the chunks through the torch layers as a batch of their own. None when the
+        step has no decode row or the plan cannot run it."""
+        starts = meta.query_start_loc.tolist()
+        single = [i for i in range(len(starts) - 1) if starts[i + 1] - starts[i] == 1]
+        if not single:
+            return None
+        longer = [i for i in range(len(starts) - 1) if starts[i + 1] - starts[i] > 1]
+        dec_meta, dec_rows = select_requests(meta, single)
+        done = self.cpu_decode.run(h.index_select(0, dec_rows), positions.index_select(0, dec_rows),
+                                   self.cos_sin, kv_caches, dec_meta)
+        if done is None:
+            return None
+        pre_meta, pre_rows = select_requests(meta, longer)
+        pre = self._run_layers(h.index_select(0, pre_rows), positions.index_select(0, pre_rows),
+                               kv_caches, pre_meta)
+        return _merge_rows(h.shape[0], (dec_rows, done), (pre_rows, pre))
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -58,6 +58,29 @@ def test_learns_both_kinds_of_step_from_timings() -> None:
             assert model.predict(shape) == pytest.approx(true_cost(shape), rel=0.1)
 
 
+def split_cost(s: StepShape) -> float:
+    """A machine that runs a step's decode rows apart from its prompt chunks (the native
+    decode plan): a step with both costs a decode-only step of its rows + its chunks alone."""
+    prompt = 0.030 + 0.0004 * s.prefill_tokens + 0.002 * s.prefill_attention / 1e6
+    decodes = 0.010 + 0.002 * s.decodes + 0.001 * s.decode_context / 1e3
+    return (decodes if s.decodes else 0.0) + (prompt if s.prefill_tokens else 0.0)
+
+
+def test_learns_steps_whose_decode_rows_run_apart() -> None:
+    rng = random.Random(5)
+    model = StepCostModel()
+    for _ in range(200):
+        shape = random_shape(rng, prefill=rng.random() < 0.5)
+        model.observe(shape, split_cost(shape) * (1 + rng.uniform(-0.05, 0.05)))
+    for _ in range(100):
+        shape = random_shape(rng, prefill=True)
+        assert model.predict(shape) == pytest.approx(split_cost(shape), rel=0.12)
+    # The decode rows' fixed part is paid once, not once a row.
+    one, four = (StepShape(decodes=n, decode_context=1000 * n).with_chunk(0, 64) for n in (1, 4))
+    extra = model.predict(four) - model.predict(one)  # type: ignore[operator]
+    assert extra == pytest.approx(split_cost(four) - split_cost(one), rel=0.3)
+
+
 def test_decode_step_ignores_the_prefill_part() -> None:
     model = trained(random.Random(1))
     mixed = StepShape(decodes=2, decode_context=500).with_chunk(0, 256)

@@ -36,6 +36,32 @@ def make_step(seqs: list[SeqStep], block_size: int) -> tuple[torch.Tensor, Atten
     return torch.tensor(positions, dtype=torch.int64), meta
 
 
+def to_4bit(model: torch.nn.Module) -> None:
+    """Replace every projection of every layer with a 4-bit (RTN, group 32) QuantLinear."""
+    from localpaged.quant.awq import awq_quantize
+    from localpaged.quant.layout import from_codes
+    from localpaged.quant.linear import QuantLinear
+
+    for layer in model.model.layers:
+        for parent, names in ((layer.self_attn, ("q_proj", "k_proj", "v_proj", "o_proj")),
+                              (layer.mlp, ("gate_proj", "up_proj", "down_proj"))):
+            for name in names:
+                lin = getattr(parent, name)
+                q = awq_quantize(lin.weight.float(), 32)
+                # Scales and offsets in float16, as a GGUF Q4_1 file holds them: a float32
+                # model takes the own kernel only for weights it holds exactly.
+                s = q.scales.float().half().float()
+                b = (-q.zeros.float() * s).half().float()
+                w = from_codes(q.codes, s, -b / s, 32)
+                setattr(parent, name, QuantLinear.from_int4(w, lin.bias, model.dtype, "cpu"))
+
+
+@pytest.fixture(name="to_4bit", scope="session")
+def to_4bit_fixture() -> Callable[[torch.nn.Module], None]:
+    """`to_4bit` as a fixture (test modules do not import each other)."""
+    return to_4bit
+
+
 @pytest.fixture(scope="session")
 def step_builder() -> Callable[[list[SeqStep], int], tuple[torch.Tensor, AttentionMetadata]]:
     return make_step

@@ -4,39 +4,20 @@ requests of different lengths in scattered blocks."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
-from torch import nn
 
 from localpaged.kernels import AttentionMetadata, native
 from localpaged.kernels.decode_layer import CpuDecodePlan
 from localpaged.model.loader import load_model
 from localpaged.model.optimize import optimize_for_inference
-from localpaged.quant.awq import awq_quantize
-from localpaged.quant.layout import from_codes
-from localpaged.quant.linear import QuantLinear
 
 pytestmark = pytest.mark.skipif(not native.has_compiler(), reason="no C compiler here to build the CPU kernels")
 
 BS = 16
-
-
-def _to_4bit(model: nn.Module) -> None:
-    """Replace every projection of every layer with a 4-bit (RTN, group 32) QuantLinear."""
-    for layer in model.model.layers:
-        for parent, names in ((layer.self_attn, ("q_proj", "k_proj", "v_proj", "o_proj")),
-                              (layer.mlp, ("gate_proj", "up_proj", "down_proj"))):
-            for name in names:
-                lin = getattr(parent, name)
-                q = awq_quantize(lin.weight.float(), 32)
-                # Scales and offsets in float16, as a GGUF Q4_1 file holds them: a float32
-                # model takes the own kernel only for weights it holds exactly.
-                s = q.scales.float().half().float()
-                b = (-q.zeros.float() * s).half().float()
-                w = from_codes(q.codes, s, -b / s, 32)
-                setattr(parent, name, QuantLinear.from_int4(w, lin.bias, model.dtype, "cpu"))
 
 
 def _decode_step_both_ways(model, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -101,9 +82,10 @@ def _assert_close(reference: torch.Tensor, native: torch.Tensor, dtype: torch.dt
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "f32"])
 def test_native_decode_matches_the_torch_layers_on_a_4bit_qwen2(tiny_qwen2: Path,
                                                                  cpu_variant: str,
-                                                                 dtype: torch.dtype) -> None:
+                                                                 dtype: torch.dtype,
+                                                                to_4bit: Callable) -> None:
     model, _ = load_model(tiny_qwen2, dtype=dtype)
-    _to_4bit(model)
+    to_4bit(model)
     optimize_for_inference(model, torch.device("cpu"))
     assert isinstance(model.cpu_decode, CpuDecodePlan)
     assert model.model.layers[0].self_attn.qkv_proj.bias is not None  # biases on the path
@@ -113,13 +95,13 @@ def test_native_decode_matches_the_torch_layers_on_a_4bit_qwen2(tiny_qwen2: Path
 
 
 def test_plan_is_not_built_for_a_dense_checkpoint_or_without_the_kernel(
-        tiny_qwen2: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tiny_qwen2: Path, monkeypatch: pytest.MonkeyPatch, to_4bit: Callable) -> None:
     model, _ = load_model(tiny_qwen2, dtype="float32")
     optimize_for_inference(model, torch.device("cpu"))
     assert model.cpu_decode is None
     monkeypatch.setenv("LOCALPAGED_CPU_KERNELS", "off")
     model, _ = load_model(tiny_qwen2, dtype="bfloat16")
-    _to_4bit(model)
+    to_4bit(model)
     optimize_for_inference(model, torch.device("cpu"))
     assert model.cpu_decode is None
 
