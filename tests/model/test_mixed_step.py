@@ -98,9 +98,14 @@ def _check_mixed_step(model: torch.nn.Module, step_builder: Callable) -> None:
     # The torch reference differs from the native path only in the order of sums, so the
     # decode rows' KV is close to it; the chunks' rows are the same computation.
     for (k, v), (k2, v2) in zip(mixed_caches, torch_caches, strict=True):
+        if model.dtype == torch.float32 and noisy:
+            # int8: a last-bit difference moves a code by one step, and that grows over the
+            # layers (single entries up to 0.3, a layer's whole cache up to 1.1% on SmolLM2,
+            # AVX2; layer 0 equal to 3e-7)
+            for a, b in ((k, k2), (v, v2)):
+                assert (a - b).norm() <= 0.03 * b.norm()
+            continue
         tol = dict(atol=0.1, rtol=0.05) if noisy else dict(atol=1e-4, rtol=1e-4)
-        if model.dtype == torch.float32 and noisy:  # int8: 0.133 measured on SmolLM2 (AVX2)
-            tol = dict(atol=0.25, rtol=0.05)
         torch.testing.assert_close(k, k2, **tol)
         torch.testing.assert_close(v, v2, **tol)
 
