@@ -9,7 +9,8 @@ tokenizer is SmolLM2's for every shape: all `tokenizer.*` metadata of the defaul
 (SmolLM2-135M-Instruct Q4_1, the test fixture) is copied, so the vocabulary is 49152 tokens
 everywhere, and the token embedding and output head of the Llama-3.2 and Qwen2.5 shapes are
 smaller than the real models' (128256 / 151936 / 152064 tokens): `--list` and every write
-print the file's own parameter count. Random weights give noise tokens and real timings.
+print the file's own parameter count. Llama 3.2's rope scaling (`rope_freqs`) is left out.
+Random weights give noise tokens and real timings.
 
 Matrices are normal(0, 0.02) from a numpy generator seeded by shape and tensor name (the same
 numbers in every type of a shape), biases too; norms are F32 ones. F16, Q8_0, Q4_0 and Q4_1
@@ -207,8 +208,8 @@ def copy_tokenizer(writer: GGUFWriter, source: Path) -> None:
 
 
 def stand_in_tokenizer(writer: GGUFWriter, vocab: int) -> None:
-    """A placeholder vocabulary of `vocab` tokens `t0`, `t1`, ... (no merges): for tests that
-    need a small file that opens fast, not for text."""
+    """A placeholder vocabulary (`<unk>`, `<s>`, `</s>`, then `t3`, `t4`, ...) of `vocab`
+    tokens: for tests that need a small file that opens fast, not for text."""
     writer.add_tokenizer_model("llama")
     writer.add_token_list(["<unk>", "<s>", "</s>"] + [f"t{i}" for i in range(3, vocab)])
     writer.add_token_scores([0.0] * vocab)
@@ -223,7 +224,7 @@ def _add_metadata(writer: GGUFWriter, shape_name: str, shape: Shape, qtype: str,
 
     writer.add_name(f"synthetic {shape_name} (random weights)")
     writer.add_description(f"random normal(0, {INIT_STD}) weights of {shape_name}'s shape, "
-                           "SmolLM2's tokenizer; written by localpaged benchmarks/synthetic.py")
+                           "written by localpaged benchmarks/synthetic.py")
     writer.add_block_count(shape.layers)
     writer.add_context_length(shape.context)
     writer.add_embedding_length(shape.hidden)
