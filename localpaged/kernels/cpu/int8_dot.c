@@ -4,8 +4,8 @@
  * scales are applied per block in float32.
  *
  * 4-bit (the layout of quant_gemm.c, blocks = the weight's groups):
- *   sum_k W[n][k] x[k] over a group = s[n] * dx * sum_k q[k][n] xq[k] + b[n] * sum_k x[k]
- *   (the offset term uses the exact float sum of x).
+ *   sum_k W[n][k] x[k] over a group ~ s[n] * dx * sum_k q[k][n] xq[k] + b[n] * dx * sum_k xq[k]
+ *   (the weight times the rounded x: see quantize_rows_i8).
  * 8-bit blocks (GGUF Q8_0, and the other GGUF types whose codes fit in int8: Q5_0/1, Q6_K,
  * IQ4_NL ...): codes int8 [N/16][K/2][2][16] (as w8_gemm), per block of `bs` values of K a
  * float32 scale and optionally a float32 offset per column, [N/16][K/bs][16] each:
@@ -33,7 +33,11 @@
 #define I8_ROWS 4 /* rows of x per pass over a weight tile (AVX2 has 16 registers) */
 
 /* Row m of x [rows][k] quantized per block of `bs` (k % bs == 0): xq [rows][k], and per
- * block its scale dx [rows][k/bs] and the exact sum of its values xsum (NULL: not wanted). */
+ * block its scale dx [rows][k/bs] and the sum of its rounded values xsum (NULL: not wanted).
+ * The offset term takes the rounded sum, not the exact one: then a block's product is the
+ * weight times the rounded x, whose error is that of the centred weight, where the exact sum
+ * leaves the rounding error on the codes' part alone (q * s, all of one sign: twice the error
+ * in SmolLM2's log-probabilities, measured). */
 static void quantize_rows_i8(const float *x, int rows, int k, int bs, int8_t *xq, float *dx,
                              float *xsum, int threads) {
     const int blocks = k / bs;
@@ -41,15 +45,16 @@ static void quantize_rows_i8(const float *x, int rows, int k, int bs, int8_t *xq
     for (int i = 0; i < rows * blocks; i++) {
         const float *xb = x + (size_t)i * bs;
         int8_t *qb = xq + (size_t)i * bs;
-        float amax = 0.f, sum = 0.f;
-        for (int j = 0; j < bs; j++) {
-            amax = fmaxf(amax, fabsf(xb[j]));
-            sum += xb[j];
-        }
+        float amax = 0.f;
+        for (int j = 0; j < bs; j++) amax = fmaxf(amax, fabsf(xb[j]));
         const float inv = amax > 0.f ? 127.f / amax : 0.f;
-        for (int j = 0; j < bs; j++) qb[j] = (int8_t)lrintf(xb[j] * inv); /* half to even */
+        int32_t sum = 0;
+        for (int j = 0; j < bs; j++) {
+            qb[j] = (int8_t)lrintf(xb[j] * inv); /* half to even */
+            sum += qb[j];
+        }
         dx[i] = amax / 127.f;
-        if (xsum != NULL) xsum[i] = sum;
+        if (xsum != NULL) xsum[i] = dx[i] * (float)sum;
     }
 }
 
@@ -81,7 +86,7 @@ static void w4_i8_tile_plain(const uint8_t *wp, const uint16_t *sbp, const int8_
 
 /* The 8-bit block product of one tile for `rows` rows, plain C: acc [rows][16]. Per block
  * b and column j: scale sp[b][j] times the int8 dot product, plus offset op[b][j] (if any)
- * times the block's exact sum of x. */
+ * times the block's sum of rounded x. */
 static void q8_i8_tile_plain(const int8_t *wp, const float *sp, const float *op,
                              const int8_t *xq, const float *dx, const float *xs, float *acc,
                              int rows, int k, int bs) {
