@@ -97,10 +97,24 @@ def test_optimized_4bit_smollm_stays_close_to_float32(
 @pytest.mark.smollm
 def test_float32_4bit_smollm_equals_float32_up_to_summation_order(
         smollm_gguf: Path, smollm_float32_logprobs: torch.Tensor, cpu_variant: str) -> None:
-    """CPUs without native bf16 compute in float32 with the weights still 4-bit: the same
-    numbers as the dequantized float32 model, summed in another order."""
+    """CPUs without native bf16 compute in float32 with the weights still 4-bit: on the plain
+    build the same numbers as the dequantized float32 model, summed in another order; where
+    the activations are rounded to int8 per block (AVX2 and up), within INT8_LOGPROB_GAP of
+    it, with the same top token on every row."""
     model, _ = load_model(smollm_gguf, dtype="float32")
     optimize_for_inference(model, torch.device("cpu"))
     assert model.model.layers[0].self_attn.qkv_proj.w4_packed is not None
     got = torch.log_softmax(model.compute_logits(_hidden(model, CHAT)), -1)
-    torch.testing.assert_close(got, smollm_float32_logprobs, rtol=0, atol=2e-3)
+    ref = smollm_float32_logprobs
+    if not cpu_w4.int8_activations():
+        torch.testing.assert_close(got, ref, rtol=0, atol=2e-3)
+        return
+    top = ref.argmax(-1)
+    gap = (got.gather(1, top[:, None]) - ref.gather(1, top[:, None])).abs().max().item()
+    assert gap < INT8_LOGPROB_GAP, gap
+    assert torch.equal(got.argmax(-1), top)
+
+
+# float32 with int8 activations against float32, on SmolLM2's chat prompt: measured 0.113 on
+# AVX2 (llama.cpp's own int8 activations on the same prompt: 0.128).
+INT8_LOGPROB_GAP = 0.2
