@@ -26,7 +26,7 @@ from localpaged.quant.ggml_int4 import INT4_TYPES, int4_parts
 from localpaged.quant.ggml_int8 import INT8_TYPES
 
 if TYPE_CHECKING:
-    from gguf import GGUFReader
+    from localpaged.model.gguf_reader import FastGGUFReader
 
 # GGUF architecture -> (HF architectures entry, HF model_type)
 _ARCHS = {
@@ -133,7 +133,7 @@ class GGUFFile:
     """An opened GGUF file, validated up front so that later reads cannot run off its end."""
 
     def __init__(self, path: str | Path) -> None:
-        from gguf import GGUFReader
+        from localpaged.model.gguf_reader import FastGGUFReader
 
         self.path = Path(path)
         if not self.path.is_file():
@@ -144,7 +144,7 @@ class GGUFFile:
         if magic != b"GGUF":
             raise ValueError(f"{self.path}: not a GGUF file (magic {magic!r}, expected b'GGUF')")
         try:
-            self.reader: GGUFReader = GGUFReader(self.path)
+            self.reader: FastGGUFReader = FastGGUFReader(self.path)
         except Exception as exc:  # the reader fails deep in numpy/struct on a damaged header
             if "is not a valid GGMLQuantizationType" in str(exc):  # a type newer than gguf's
                 raise ValueError(
@@ -223,7 +223,7 @@ class GGUFFile:
                              or hidden // n_heads)
         tokens = self.reader.fields.get("tokenizer.ggml.tokens")
         embd = next(t for t in self.reader.tensors if t.name == "token_embd.weight")
-        vocab = self._int("vocab_size", len(tokens.data) if tokens else int(embd.shape[-1]))
+        vocab = self._int("vocab_size", len(tokens) if tokens else int(embd.shape[-1]))
         config: dict[str, Any] = {
             "architectures": [hf_arch],
             "model_type": model_type,
