@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from localpaged.quant import ggml_types
-from localpaged.quant.ggml_int4 import INT4_TYPES, int4_parts
+from localpaged.quant.ggml_int4 import INT4_TYPES, GgmlInt4Weight, int4_parts
 from localpaged.quant.ggml_int8 import INT8_TYPES
 
 if TYPE_CHECKING:
@@ -314,17 +314,20 @@ class GGUFFile:
         for raw in self.raw_tensors():
             yield raw.name, self._dense(raw, config)
 
-    def int4_weights(self, types: frozenset[str] = INT4_TYPES,
-                     int8: bool = False) -> Iterator[tuple[str, Any]]:
+    def int4_weights(self, types: frozenset[str] = INT4_TYPES, int8: bool = False,
+                     parts: bool = False) -> Iterator[tuple[str, Any]]:
         """Like `weights()`, but matrices of `types` (default Q4_0/Q4_1/Q4_K) come as
         `localpaged.quant.layout.Int4Weight` (group size 32) and stay 4-bit (see
         `localpaged.quant.ggml_int4`), and with `int8` the matrices of the other block types
         come as int8 blocks (`localpaged.quant.ggml_int8.Int8Blocks`). Every other tensor is
-        dequantized to float32 as in `weights()`, once, here."""
+        dequantized to float32 as in `weights()`, once, here. With `parts` the 4-bit matrices
+        come unpacked, as `GgmlInt4Weight` (`QuantLinear.load` repacks those straight into
+        the CPU kernel's layout)."""
         config = self.hf_config()
+        to_4bit = q4_parts if parts else q4_to_int4
         for raw in self.raw_tensors():
             if raw.type_name in types and len(raw.shape) == 2:
-                yield raw.name, q4_to_int4(raw, self._rotary_heads(raw, config))
+                yield raw.name, to_4bit(raw, self._rotary_heads(raw, config))
             elif int8 and _int8_fits(raw):
                 yield raw.name, q_to_int8(raw, self._rotary_heads(raw, config))
             else:
@@ -341,7 +344,7 @@ class GGUFFile:
         `kept` 4-bit (default: Q4_0/Q4_1/Q4_K in 16-bit, none in float32), with `int8` those
         of the other block types as int8 blocks, the rest dense."""
         kept = kept_4bit(dtype) if kept is None else kept
-        return self.int4_weights(kept, int8) if kept or int8 else self.weights()
+        return self.int4_weights(kept, int8, parts=True) if kept or int8 else self.weights()
 
     def load_summary(self, dtype: torch.dtype, kept: frozenset[str] | None = None,
                      int8: bool = False) -> str:
@@ -454,11 +457,10 @@ def q_to_int8(raw: RawTensor, rotary_heads: int | None = None) -> Any:
     return blocks
 
 
-def q4_to_int4(raw: RawTensor, rotary_heads: int | None = None) -> Any:
-    """A GGUF Q4_0 / Q4_1 / Q4_K matrix as an `Int4Weight` (the same values, group size 32),
-    with llama.cpp's q/k row permutation undone when `rotary_heads` is given."""
-    from localpaged.quant.layout import from_codes
-
+def q4_parts(raw: RawTensor, rotary_heads: int | None = None) -> GgmlInt4Weight:
+    """A GGUF Q4_0 / Q4_1 / Q4_K matrix as codes, scales and zero-points per row (the same
+    values, group size 32), with llama.cpp's q/k row permutation undone when `rotary_heads`
+    is given."""
     n, k = raw.shape
     try:
         codes, scales, zeros = int4_parts(raw.type_name, raw.data, n, k)
@@ -466,9 +468,13 @@ def q4_to_int4(raw: RawTensor, rotary_heads: int | None = None) -> Any:
         raise ValueError(f"tensor {raw.gguf_name}: {exc}") from None
     if rotary_heads:
         codes, scales, zeros = (unpermute_rotary(a, rotary_heads) for a in (codes, scales, zeros))
-    return from_codes(torch.from_numpy(codes.T.astype(np.int32)),
-                      torch.from_numpy(np.ascontiguousarray(scales.T)),
-                      torch.from_numpy(np.ascontiguousarray(zeros.T)), 32)
+    return GgmlInt4Weight(codes, scales, zeros)
+
+
+def q4_to_int4(raw: RawTensor, rotary_heads: int | None = None) -> Any:
+    """A GGUF Q4_0 / Q4_1 / Q4_K matrix as an `Int4Weight` (the same values, group size 32),
+    with llama.cpp's q/k row permutation undone when `rotary_heads` is given."""
+    return q4_parts(raw, rotary_heads).to_int4()
 
 
 def read_gguf(path: str | Path) -> tuple[dict[str, Any], Iterator[tuple[str, torch.Tensor]]]:

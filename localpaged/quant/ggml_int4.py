@@ -21,7 +21,10 @@ scales and zero-points (relative error <= 2^-12 each).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
+import torch
 
 from localpaged.quant.ggml_types import (
     BLOCK_TYPES,
@@ -31,6 +34,9 @@ from localpaged.quant.ggml_types import (
     k4_scales_mins,
     nibbles,
 )
+
+if TYPE_CHECKING:
+    from localpaged.quant.layout import Int4Weight
 
 INT4_TYPES = ("Q4_0", "Q4_1", "Q4_K")
 GROUP_SIZE = 32
@@ -67,3 +73,72 @@ def int4_parts(type_name: str, data: np.ndarray, n: int, k: int
         # The same float32 products as the dequantization: d * sc and dmin * m.
         codes, scales, zeros = _flat_blocks(k4_codes(b[:, 16:144]), f16_field(b, 0) * sc, -(f16_field(b, 2) * m))
     return codes.reshape(n, k), scales.reshape(n, k // GROUP_SIZE), zeros.reshape(n, k // GROUP_SIZE)
+
+
+TILE = 16  # the CPU kernel's output-channel tile (`cpu_w4.TILE`)
+
+
+def cpu_w4_layout(codes: np.ndarray, scales: np.ndarray, zeros: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """The CPU kernel's (`packed` uint8 `[N/16, K/2, 16]`, `sb` float16 `[N/16, G, 2, 16]`)
+    straight from `int4_parts`' codes `[N, K]`, scales and zero-points `[N, G]`: the same
+    bytes as `cpu_w4.pack` of the `Int4Weight` they make (offset `-zero * scale` in float32,
+    then both rounded to float16 once), without packing the codes into int32 words first."""
+    n, k = codes.shape
+    pairs = codes.reshape(n // TILE, TILE, k // 2, 2)
+    packed = (pairs[..., 0] | (pairs[..., 1] << 4)).transpose(0, 2, 1)
+    scales = scales.astype(np.float32, copy=False)
+    offsets = -zeros.astype(np.float32, copy=False) * scales
+    sb = np.stack((scales, offsets)).reshape(2, n // TILE, TILE, -1).transpose(1, 3, 0, 2)
+    return np.ascontiguousarray(packed), np.ascontiguousarray(sb.astype(np.float16))
+
+
+class GgmlInt4Weight:
+    """A GGUF 4-bit matrix as `int4_parts` (rows `[N, ...]`), before any packing: becomes the
+    CPU kernel's layout directly (`cpu_w4_layout`), or an `Int4Weight` (`to_int4`) for the
+    other paths. Offers what `QuantLinear.load` asks of an `Int4Weight` to decide the path."""
+
+    group_size = GROUP_SIZE
+    perm = None
+
+    def __init__(self, codes: np.ndarray, scales: np.ndarray, zeros: np.ndarray) -> None:
+        self.q, self.s, self.z = codes, scales, zeros
+
+    @property
+    def out_features(self) -> int:
+        return int(self.q.shape[0])
+
+    @property
+    def in_features(self) -> int:
+        return int(self.q.shape[1])
+
+    @property
+    def scales(self) -> torch.Tensor:
+        """float32 `[G, N]` (a view)."""
+        return torch.from_numpy(self.s).t()
+
+    @property
+    def zeros(self) -> torch.Tensor:
+        """float32 `[G, N]` (a view)."""
+        return torch.from_numpy(self.z).t()
+
+    def codes(self) -> torch.Tensor:
+        """int32 codes `[K, N]` (a transposed view)."""
+        return torch.from_numpy(self.q).to(torch.int32).t()
+
+    def cpu_w4_pack(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(`packed`, `sb`) for `cpu_w4.matmul`."""
+        packed, sb = cpu_w4_layout(self.q, self.s, self.z)
+        return torch.from_numpy(packed), torch.from_numpy(sb)
+
+    def to_int4(self) -> Int4Weight:
+        """The same weight as an `Int4Weight` (group size 32)."""
+        from localpaged.quant.layout import from_codes
+
+        return from_codes(torch.from_numpy(self.q.T.astype(np.int32)),
+                          torch.from_numpy(np.ascontiguousarray(self.s.T)),
+                          torch.from_numpy(np.ascontiguousarray(self.z.T)), GROUP_SIZE)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """`W[N, K]`, as `Int4Weight.dequantize` computes it."""
+        return self.to_int4().dequantize(dtype)
