@@ -56,8 +56,10 @@ def to_cpu_int4pack(w: Int4Weight, sub: int, dtype: torch.dtype) -> tuple[torch.
     computes `(q - 8) * s + z`: so `z = (8 - zero) * s`."""
     codes = w.codes().t().contiguous()  # [N, K]
     packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
-    g = (torch.arange(w.in_features // sub) * sub) // w.group_size
-    s, z = w.scales.float()[g], w.zeros.float()[g]
+    s, z = w.scales.float(), w.zeros.float()
+    if sub != w.group_size:  # (indexing is slow, and the identity where they are equal)
+        g = (torch.arange(w.in_features // sub) * sub) // w.group_size
+        s, z = s[g], z[g]
     return packed, torch.stack((s, (8 - z) * s), dim=-1).to(dtype).contiguous()
 
 
