@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from localpaged.quant import ggml_types
-from localpaged.quant.ggml_int4 import INT4_TYPES, GgmlInt4Weight, int4_parts
+from localpaged.quant.ggml_int4 import INT4_TYPES, GgmlInt4Weight, int4_pairs, int4_parts
 from localpaged.quant.ggml_int8 import INT8_TYPES
 
 if TYPE_CHECKING:
@@ -458,9 +458,24 @@ def q_to_int8(raw: RawTensor, rotary_heads: int | None = None) -> Any:
 
 
 def q4_parts(raw: RawTensor, rotary_heads: int | None = None) -> GgmlInt4Weight:
-    """A GGUF Q4_0 / Q4_1 / Q4_K matrix as codes, scales and zero-points per row (the same
-    values, group size 32), with llama.cpp's q/k row permutation undone when `rotary_heads`
-    is given."""
+    """A GGUF Q4_0 / Q4_1 / Q4_K matrix as code pairs, scales and zero-points per row (the
+    same values, group size 32), with llama.cpp's q/k row permutation undone when
+    `rotary_heads` is given."""
+    n, k = raw.shape
+    try:
+        pairs, scales, zeros = int4_pairs(raw.type_name, raw.data, n, k)
+    except ValueError as exc:
+        raise ValueError(f"tensor {raw.gguf_name}: {exc}") from None
+    if rotary_heads:
+        pairs, scales, zeros = (unpermute_rotary(a, rotary_heads) for a in (pairs, scales, zeros))
+    return GgmlInt4Weight(pairs, scales, zeros)
+
+
+def q4_to_int4(raw: RawTensor, rotary_heads: int | None = None) -> Any:
+    """A GGUF Q4_0 / Q4_1 / Q4_K matrix as an `Int4Weight` (the same values, group size 32),
+    with llama.cpp's q/k row permutation undone when `rotary_heads` is given."""
+    from localpaged.quant.layout import from_codes
+
     n, k = raw.shape
     try:
         codes, scales, zeros = int4_parts(raw.type_name, raw.data, n, k)
@@ -468,13 +483,9 @@ def q4_parts(raw: RawTensor, rotary_heads: int | None = None) -> GgmlInt4Weight:
         raise ValueError(f"tensor {raw.gguf_name}: {exc}") from None
     if rotary_heads:
         codes, scales, zeros = (unpermute_rotary(a, rotary_heads) for a in (codes, scales, zeros))
-    return GgmlInt4Weight(codes, scales, zeros)
-
-
-def q4_to_int4(raw: RawTensor, rotary_heads: int | None = None) -> Any:
-    """A GGUF Q4_0 / Q4_1 / Q4_K matrix as an `Int4Weight` (the same values, group size 32),
-    with llama.cpp's q/k row permutation undone when `rotary_heads` is given."""
-    return q4_parts(raw, rotary_heads).to_int4()
+    return from_codes(torch.from_numpy(codes.T.astype(np.int32)),
+                      torch.from_numpy(np.ascontiguousarray(scales.T)),
+                      torch.from_numpy(np.ascontiguousarray(zeros.T)), 32)
 
 
 def read_gguf(path: str | Path) -> tuple[dict[str, Any], Iterator[tuple[str, torch.Tensor]]]:

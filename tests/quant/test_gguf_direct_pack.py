@@ -77,3 +77,24 @@ def test_quant_linear_from_parts_equals_int4_route(fixture_data, type_name: str,
         assert x is None or torch.equal(x, y), name
     x = torch.randn(3, SHAPE[1], generator=torch.Generator().manual_seed(1)).to(dtype)
     assert torch.equal(a(x), b(x))
+
+
+@pytest.mark.parametrize("type_name", INT4_TYPES)
+def test_parts_codes_and_dense_values_equal_int4_route(fixture_data, type_name: str) -> None:
+    """The codes the other paths unpack, and the dense float32 values a 4-bit token
+    embedding is stored with, are the `Int4Weight`'s bit for bit."""
+    raw = _raw(type_name, fixture_data[type_name])
+    parts, want = q4_parts(raw, 4), q4_to_int4(raw, 4)
+    assert torch.equal(parts.codes(), want.codes())
+    assert torch.equal(parts.dequantize(), want.dequantize())
+
+
+def test_q4_1_constant_blocks_repack_like_int4_route(fixture_data) -> None:
+    """Q4_1 blocks whose scale is 0 (constant `m`) take the `Int4Weight`'s special form."""
+    data = np.array(fixture_data["Q4_1"]).reshape(-1, 20)
+    data[::3, 0:2] = 0  # d = 0 in every third block
+    raw = _raw("Q4_1", data.reshape(SHAPE[0], -1))
+    packed, sb = q4_parts(raw).cpu_w4_pack()
+    want_packed, want_sb = cpu_w4.pack(q4_to_int4(raw))
+    assert torch.equal(packed, want_packed)
+    assert torch.equal(sb.view(torch.int16), want_sb.view(torch.int16))
