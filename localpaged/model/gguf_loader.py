@@ -5,6 +5,11 @@ Every tensor type the common llama.cpp presets write is read (`localpaged.quant.
 in 4 bits (`localpaged.quant.ggml_int4`) and dequantizes the others once. A type outside that
 list is refused before any work, naming the tensor. Tokenizer, special tokens and chat
 template come from the GGUF metadata.
+
+The file is opened by `localpaged.model.gguf_reader` (memory-mapped; the vocabulary arrays
+are read only when asked), and `tensors_for` hands 4-bit matrices over unpacked
+(`GgmlInt4Weight`) so that `QuantLinear.load` repacks the file's blocks straight into the
+CPU kernel's layout.
 """
 
 from __future__ import annotations
