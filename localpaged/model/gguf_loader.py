@@ -5,6 +5,11 @@ Every tensor type the common llama.cpp presets write is read (`localpaged.quant.
 in 4 bits (`localpaged.quant.ggml_int4`) and dequantizes the others once. A type outside that
 list is refused before any work, naming the tensor. Tokenizer, special tokens and chat
 template come from the GGUF metadata.
+
+The file is opened by `localpaged.model.gguf_reader` (memory-mapped; the vocabulary arrays
+are read only when asked), and `tensors_for` hands 4-bit matrices over unpacked
+(`GgmlInt4Weight`) so that `QuantLinear.load` repacks the file's blocks straight into the
+CPU kernel's layout.
 """
 
 from __future__ import annotations
@@ -22,11 +27,11 @@ import numpy as np
 import torch
 
 from localpaged.quant import ggml_types
-from localpaged.quant.ggml_int4 import INT4_TYPES, int4_parts
+from localpaged.quant.ggml_int4 import INT4_TYPES, GgmlInt4Weight, int4_pairs, int4_parts
 from localpaged.quant.ggml_int8 import INT8_TYPES
 
 if TYPE_CHECKING:
-    from gguf import GGUFReader
+    from localpaged.model.gguf_reader import FastGGUFReader
 
 # GGUF architecture -> (HF architectures entry, HF model_type)
 _ARCHS = {
@@ -133,7 +138,7 @@ class GGUFFile:
     """An opened GGUF file, validated up front so that later reads cannot run off its end."""
 
     def __init__(self, path: str | Path) -> None:
-        from gguf import GGUFReader
+        from localpaged.model.gguf_reader import FastGGUFReader
 
         self.path = Path(path)
         if not self.path.is_file():
@@ -144,7 +149,7 @@ class GGUFFile:
         if magic != b"GGUF":
             raise ValueError(f"{self.path}: not a GGUF file (magic {magic!r}, expected b'GGUF')")
         try:
-            self.reader: GGUFReader = GGUFReader(self.path)
+            self.reader: FastGGUFReader = FastGGUFReader(self.path)
         except Exception as exc:  # the reader fails deep in numpy/struct on a damaged header
             if "is not a valid GGMLQuantizationType" in str(exc):  # a type newer than gguf's
                 raise ValueError(
@@ -223,7 +228,7 @@ class GGUFFile:
                              or hidden // n_heads)
         tokens = self.reader.fields.get("tokenizer.ggml.tokens")
         embd = next(t for t in self.reader.tensors if t.name == "token_embd.weight")
-        vocab = self._int("vocab_size", len(tokens.data) if tokens else int(embd.shape[-1]))
+        vocab = self._int("vocab_size", len(tokens) if tokens else int(embd.shape[-1]))
         config: dict[str, Any] = {
             "architectures": [hf_arch],
             "model_type": model_type,
@@ -314,17 +319,20 @@ class GGUFFile:
         for raw in self.raw_tensors():
             yield raw.name, self._dense(raw, config)
 
-    def int4_weights(self, types: frozenset[str] = INT4_TYPES,
-                     int8: bool = False) -> Iterator[tuple[str, Any]]:
+    def int4_weights(self, types: frozenset[str] = INT4_TYPES, int8: bool = False,
+                     parts: bool = False) -> Iterator[tuple[str, Any]]:
         """Like `weights()`, but matrices of `types` (default Q4_0/Q4_1/Q4_K) come as
         `localpaged.quant.layout.Int4Weight` (group size 32) and stay 4-bit (see
         `localpaged.quant.ggml_int4`), and with `int8` the matrices of the other block types
         come as int8 blocks (`localpaged.quant.ggml_int8.Int8Blocks`). Every other tensor is
-        dequantized to float32 as in `weights()`, once, here."""
+        dequantized to float32 as in `weights()`, once, here. With `parts` the 4-bit matrices
+        come unpacked, as `GgmlInt4Weight` (`QuantLinear.load` repacks those straight into
+        the CPU kernel's layout)."""
         config = self.hf_config()
+        to_4bit = q4_parts if parts else q4_to_int4
         for raw in self.raw_tensors():
             if raw.type_name in types and len(raw.shape) == 2:
-                yield raw.name, q4_to_int4(raw, self._rotary_heads(raw, config))
+                yield raw.name, to_4bit(raw, self._rotary_heads(raw, config))
             elif int8 and _int8_fits(raw):
                 yield raw.name, q_to_int8(raw, self._rotary_heads(raw, config))
             else:
@@ -341,7 +349,7 @@ class GGUFFile:
         `kept` 4-bit (default: Q4_0/Q4_1/Q4_K in 16-bit, none in float32), with `int8` those
         of the other block types as int8 blocks, the rest dense."""
         kept = kept_4bit(dtype) if kept is None else kept
-        return self.int4_weights(kept, int8) if kept or int8 else self.weights()
+        return self.int4_weights(kept, int8, parts=True) if kept or int8 else self.weights()
 
     def load_summary(self, dtype: torch.dtype, kept: frozenset[str] | None = None,
                      int8: bool = False) -> str:
@@ -452,6 +460,20 @@ def q_to_int8(raw: RawTensor, rotary_heads: int | None = None) -> Any:
     if rotary_heads:
         blocks = blocks.permute_rows(lambda a: unpermute_rotary(a, rotary_heads))
     return blocks
+
+
+def q4_parts(raw: RawTensor, rotary_heads: int | None = None) -> GgmlInt4Weight:
+    """A GGUF Q4_0 / Q4_1 / Q4_K matrix as code pairs, scales and zero-points per row (the
+    same values, group size 32), with llama.cpp's q/k row permutation undone when
+    `rotary_heads` is given."""
+    n, k = raw.shape
+    try:
+        pairs, scales, zeros = int4_pairs(raw.type_name, raw.data, n, k)
+    except ValueError as exc:
+        raise ValueError(f"tensor {raw.gguf_name}: {exc}") from None
+    if rotary_heads:
+        pairs, scales, zeros = (unpermute_rotary(a, rotary_heads) for a in (pairs, scales, zeros))
+    return GgmlInt4Weight(pairs, scales, zeros)
 
 
 def q4_to_int4(raw: RawTensor, rotary_heads: int | None = None) -> Any:

@@ -21,7 +21,10 @@ scales and zero-points (relative error <= 2^-12 each).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
+import torch
 
 from localpaged.quant.ggml_types import (
     BLOCK_TYPES,
@@ -31,6 +34,9 @@ from localpaged.quant.ggml_types import (
     k4_scales_mins,
     nibbles,
 )
+
+if TYPE_CHECKING:
+    from localpaged.quant.layout import Int4Weight
 
 INT4_TYPES = ("Q4_0", "Q4_1", "Q4_K")
 GROUP_SIZE = 32
@@ -67,3 +73,104 @@ def int4_parts(type_name: str, data: np.ndarray, n: int, k: int
         # The same float32 products as the dequantization: d * sc and dmin * m.
         codes, scales, zeros = _flat_blocks(k4_codes(b[:, 16:144]), f16_field(b, 0) * sc, -(f16_field(b, 2) * m))
     return codes.reshape(n, k), scales.reshape(n, k // GROUP_SIZE), zeros.reshape(n, k // GROUP_SIZE)
+
+
+TILE = 16  # the CPU kernel's output-channel tile (`cpu_w4.TILE`)
+
+
+def int4_pairs(type_name: str, data: np.ndarray, n: int, k: int
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`int4_parts` with the codes two to a byte along K: uint8 `[n, k/2]`, byte `p` of a row
+    = code `2p` (low nibble) | code `2p + 1` (high nibble), the CPU kernel's pairing. Q4_0 and
+    Q4_1 bytes are re-paired directly (their byte j holds codes j and j + 16)."""
+    if type_name not in ("Q4_0", "Q4_1"):
+        codes, scales, zeros = int4_parts(type_name, data, n, k)
+        return codes[:, 0::2] | (codes[:, 1::2] << 4), scales, zeros
+    if k % GROUP_SIZE:
+        raise ValueError(f"{type_name}: rows of {k} values are not whole blocks of {GROUP_SIZE}")
+    b = blocks_of(type_name, data, n * k)
+    qs = b[:, 2:18] if type_name == "Q4_0" else b[:, 4:20]
+    even, odd = qs[:, 0::2], qs[:, 1::2]
+    pairs = np.concatenate(((even & 0xF) | ((odd & 0xF) << 4), (even >> 4) | (odd & 0xF0)), axis=1)
+    if type_name == "Q4_0":
+        scales, zeros = f16_field(b, 0), np.full((b.shape[0], 1), 8.0, dtype=np.float32)
+    else:
+        pairs3, scales, zeros = _flat_blocks(pairs[:, None, :], f16_field(b, 0), f16_field(b, 2))
+        pairs = pairs3[:, 0]
+    groups = k // GROUP_SIZE
+    return pairs.reshape(n, k // 2), scales.reshape(n, groups), zeros.reshape(n, groups)
+
+
+def cpu_w4_layout(pairs: np.ndarray, scales: np.ndarray, zeros: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """The CPU kernel's (`packed` uint8 `[N/16, K/2, 16]`, `sb` float16 `[N/16, G, 2, 16]`)
+    straight from `int4_pairs`' codes `[N, K/2]`, scales and zero-points `[N, G]`: the same
+    bytes as `cpu_w4.pack` of the `Int4Weight` they make (offset `-zero * scale` in float32,
+    then both rounded to float16 once), without packing the codes into int32 words first."""
+    n, half = pairs.shape
+    packed = pairs.reshape(n // TILE, TILE, half).transpose(0, 2, 1)
+    scales = scales.astype(np.float32, copy=False)
+    offsets = -zeros.astype(np.float32, copy=False) * scales
+    sb = np.stack((scales, offsets)).reshape(2, n // TILE, TILE, -1).transpose(1, 3, 0, 2)
+    return np.ascontiguousarray(packed), np.ascontiguousarray(sb.astype(np.float16))
+
+
+class GgmlInt4Weight:
+    """A GGUF 4-bit matrix as `int4_pairs` (rows `[N, ...]`), before any packing: becomes the
+    CPU kernel's layout directly (`cpu_w4_layout`), or an `Int4Weight` (`to_int4`) for the
+    other paths. Offers what `QuantLinear.load` asks of an `Int4Weight` to decide the path."""
+
+    group_size = GROUP_SIZE
+    perm = None
+
+    def __init__(self, pairs: np.ndarray, scales: np.ndarray, zeros: np.ndarray) -> None:
+        self.pairs, self.s, self.z = pairs, scales, zeros
+
+    @property
+    def out_features(self) -> int:
+        return int(self.pairs.shape[0])
+
+    @property
+    def in_features(self) -> int:
+        return int(self.pairs.shape[1]) * 2
+
+    @property
+    def scales(self) -> torch.Tensor:
+        """float32 `[G, N]`."""
+        return torch.from_numpy(np.ascontiguousarray(self.s.T))
+
+    @property
+    def zeros(self) -> torch.Tensor:
+        """float32 `[G, N]`."""
+        return torch.from_numpy(np.ascontiguousarray(self.z.T))
+
+    def codes_nk(self) -> np.ndarray:
+        """uint8 codes `[N, K]`."""
+        out = np.empty((self.out_features, self.in_features), dtype=np.uint8)
+        out[:, 0::2] = self.pairs & 0xF
+        out[:, 1::2] = self.pairs >> 4
+        return out
+
+    def codes(self) -> torch.Tensor:
+        """int32 codes `[K, N]` (a transposed view of `[N, K]`; numpy converts them many
+        times faster than torch's `.to(torch.int32)` here)."""
+        return torch.from_numpy(self.codes_nk().astype(np.int32)).t()
+
+    def cpu_w4_pack(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(`packed`, `sb`) for `cpu_w4.matmul`."""
+        packed, sb = cpu_w4_layout(self.pairs, self.s, self.z)
+        return torch.from_numpy(packed), torch.from_numpy(sb)
+
+    def to_int4(self) -> Int4Weight:
+        """The same weight as an `Int4Weight` (group size 32)."""
+        from localpaged.quant.layout import from_codes
+
+        return from_codes(self.codes(), torch.from_numpy(np.ascontiguousarray(self.s.T)),
+                          torch.from_numpy(np.ascontiguousarray(self.z.T)), GROUP_SIZE)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """`W[N, K]`, the float32 numbers of `Int4Weight.dequantize`: `(q - zero) * scale`."""
+        n, k = self.out_features, self.in_features
+        q = self.codes_nk().reshape(n, k // GROUP_SIZE, GROUP_SIZE).astype(np.float32)
+        w = (q - self.z[:, :, None]) * self.s[:, :, None]
+        return torch.from_numpy(w.reshape(n, k)).to(dtype)

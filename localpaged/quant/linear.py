@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from localpaged.quant import cpu_w4
+from localpaged.quant.ggml_int4 import GgmlInt4Weight
 from localpaged.quant.layout import Int4Weight
 
 CPU_GROUP_SIZES = (256, 128, 64, 32)  # what the CPU int4 op accepts
@@ -55,8 +56,10 @@ def to_cpu_int4pack(w: Int4Weight, sub: int, dtype: torch.dtype) -> tuple[torch.
     computes `(q - 8) * s + z`: so `z = (8 - zero) * s`."""
     codes = w.codes().t().contiguous()  # [N, K]
     packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
-    g = (torch.arange(w.in_features // sub) * sub) // w.group_size
-    s, z = w.scales.float()[g], w.zeros.float()[g]
+    s, z = w.scales.float(), w.zeros.float()
+    if sub != w.group_size:  # (indexing is slow, and the identity where they are equal)
+        g = (torch.arange(w.in_features // sub) * sub) // w.group_size
+        s, z = s[g], z[g]
     return packed, torch.stack((s, (8 - z) * s), dim=-1).to(dtype).contiguous()
 
 
@@ -85,7 +88,7 @@ class QuantLinear(nn.Module):
 
     @classmethod
     def from_int4(
-        cls, w: Int4Weight, bias: torch.Tensor | None, dtype: torch.dtype, device: torch.device | str
+        cls, w: Int4Weight | GgmlInt4Weight, bias: torch.Tensor | None, dtype: torch.dtype, device: torch.device | str
     ) -> QuantLinear:
         """A layer holding `w` on `device`, computing in `dtype`."""
         layer = cls(w.in_features, w.out_features, bias is not None, dtype, device)
@@ -93,38 +96,44 @@ class QuantLinear(nn.Module):
         return layer
 
     def load(
-        self, w: Int4Weight, bias: torch.Tensor | None = None, device: torch.device | str | None = None
+        self, w: Int4Weight | GgmlInt4Weight, bias: torch.Tensor | None = None,
+        device: torch.device | str | None = None,
     ) -> None:
-        """Take `w` (and `bias`), converted for `device` (default: where `w` is)."""
+        """Take `w` (and `bias`), converted for `device` (default: where `w` is; the CPU for
+        a `GgmlInt4Weight`)."""
         if (w.in_features, w.out_features) != (self.in_features, self.out_features):
             raise ValueError(
                 f"weight is [{w.out_features}, {w.in_features}], layer expects "
                 f"[{self.out_features}, {self.in_features}]"
             )
-        device = torch.device(device) if device is not None else w.qweight.device
+        parts = isinstance(w, GgmlInt4Weight)  # a GGUF matrix, not packed yet
+        default = torch.device("cpu") if parts else w.qweight.device
+        device = torch.device(device) if device is not None else default
+        if parts and device.type != "cpu":
+            w, parts = w.to_int4(), False
         # The CPU packings take scale and offset (-zero * scale) from the parts as given
         # (float32 from the loaders) and round each once (float16 for the own kernel, the
         # compute dtype for torch's op); rounding the zero-point first would add its own
         # error to fractional ones (GGUF Q4_1, Q4_K).
-        given = w.to(device) if device.type == "cpu" else w
-        w = given.to(device, self.dtype)
-        self.group_size = w.group_size
-        self.perm = w.perm
+        given = w.to(device) if device.type == "cpu" and not parts else w
+        self.group_size = given.group_size
+        self.perm = None if given.perm is None else given.perm.to(device)
         fast = device.type == "cpu" and self.dtype in CPU_DTYPES and _cpu_int4_ok()
-        sub = cpu_subgroup(w) if fast else None
+        sub = cpu_subgroup(given) if fast else None
         # The own kernel takes bf16 and float32 activations (torch's int4 op: 16-bit only).
         # A float32 model takes it where it keeps the weight's numbers exactly, or where its
         # float32 activations are rounded to int8 anyway (then float16 scales cost nothing).
-        own = (device.type == "cpu" and cpu_w4.supports(w, self.dtype) and cpu_w4.available()
+        own = (device.type == "cpu" and cpu_w4.supports(given, self.dtype) and cpu_w4.available()
                and (self.dtype != torch.float32 or cpu_w4.int8_activations()
-                    or cpu_w4.holds_exactly(w)))
+                    or cpu_w4.holds_exactly(given)))
         self.qweight = self.scales = self.zeros = None
-        if own:
-            self.w4_packed, self.w4_sb = cpu_w4.pack(given)
+        if own:  # GGUF blocks go straight to the kernel's layout (the same bytes)
+            self.w4_packed, self.w4_sb = given.cpu_w4_pack() if parts else cpu_w4.pack(given)
         if sub is not None:
             self.cpu_group_size = sub
             self.cpu_packed, self.cpu_scale_zeros = to_cpu_int4pack(given, sub, self.dtype)
         elif not own:
+            w = (given.to_int4() if parts else given).to(device, self.dtype)
             self.qweight, self.scales, self.zeros = w.qweight, w.scales, w.zeros
         if bias is not None:
             if self.bias is None:

@@ -142,14 +142,15 @@ def _missing_message(prefix: str, leaf: str, layer: QuantLinear, spec: QuantSpec
 
 
 def install_int4(model: nn.Module, name: str, weight: Any) -> None:
-    """Put a ready 4-bit weight (`Int4Weight`, e.g. from a GGUF Q4_0/Q4_1 matrix) named
+    """Put a ready 4-bit weight (`Int4Weight`, or a GGUF matrix's `GgmlInt4Weight`) named
     `<prefix>.weight` into `model` in place of the `nn.Linear` at `<prefix>`. A bias the
     linear has stays shared with the model's parameters (so it still loads by name)."""
+    from localpaged.quant.ggml_int4 import GgmlInt4Weight
     from localpaged.quant.layout import Int4Weight
 
     prefix, _, leaf = name.rpartition(".")
     linear = model.get_submodule(prefix)
-    if leaf != "weight" or not isinstance(weight, Int4Weight):
+    if leaf != "weight" or not isinstance(weight, (Int4Weight, GgmlInt4Weight)):
         raise ValueError(f"tensor {name!r}: a 4-bit weight only fits a module's .weight")
     if not isinstance(linear, nn.Linear):  # e.g. a Q4 token embedding: stored dense
         param = linear.weight

@@ -1,0 +1,100 @@
+"""GGUF Q4_0 / Q4_1 / Q4_K matrices repacked straight into the CPU kernel's layout
+(`GgmlInt4Weight.cpu_w4_pack`) give the same bytes as the `Int4Weight` route
+(`cpu_w4.pack(q4_to_int4(...))`), with and without llama.cpp's q/k row permutation, and the
+values of the `gguf` package's own reader and dequantization."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType, GGUFReader
+from gguf.quants import dequantize as gguf_dequantize
+
+from localpaged.model.gguf_loader import RawTensor, q4_parts, q4_to_int4
+from localpaged.model.gguf_reader import FastGGUFReader
+from localpaged.quant import cpu_w4
+from localpaged.quant.ggml_int4 import INT4_TYPES, GgmlInt4Weight
+from localpaged.quant.linear import QuantLinear, to_cpu_int4pack
+from tests.quant.test_ggml_fixtures import FIXTURE, SHAPE
+
+
+@pytest.fixture(scope="module")
+def fixture_data() -> dict[str, np.ndarray]:
+    return {t.name: t.data for t in FastGGUFReader(FIXTURE).tensors}
+
+
+def _raw(type_name: str, data: np.ndarray) -> RawTensor:
+    return RawTensor("w", type_name, type_name, SHAPE, data)
+
+
+@pytest.mark.parametrize("heads", [None, 4])
+@pytest.mark.parametrize("type_name", INT4_TYPES)
+def test_direct_pack_equals_int4_route(fixture_data, type_name: str, heads: int | None) -> None:
+    raw = _raw(type_name, fixture_data[type_name])
+    packed, sb = q4_parts(raw, heads).cpu_w4_pack()
+    want_packed, want_sb = cpu_w4.pack(q4_to_int4(raw, heads))
+    assert packed.dtype == torch.uint8 and sb.dtype == torch.float16
+    assert torch.equal(packed, want_packed)
+    assert torch.equal(sb.view(torch.int16), want_sb.view(torch.int16))  # bit for bit
+
+
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1"])
+def test_direct_pack_holds_the_gguf_values(fixture_data, type_name: str) -> None:
+    """Q4_0/Q4_1 keep float16 scales and offsets: the kernel layout dequantizes to the
+    `gguf` package's values (up to the float32 rounding of d * q + m)."""
+    data = GGUFReader(FIXTURE).tensors[[t.name for t in GGUFReader(FIXTURE).tensors]
+                                       .index(type_name)].data
+    want = gguf_dequantize(np.asarray(data), GGMLQuantizationType[type_name]).reshape(SHAPE)
+    packed, sb = q4_parts(_raw(type_name, fixture_data[type_name])).cpu_w4_pack()
+    got = cpu_w4.dequantize(packed, sb).numpy()
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-6 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("type_name", INT4_TYPES)
+def test_torch_int4_packing_from_parts(fixture_data, type_name: str) -> None:
+    if not hasattr(torch.ops.aten, "_convert_weight_to_int4pack_for_cpu"):
+        pytest.skip("this torch has no CPU int4 op")
+    raw = _raw(type_name, fixture_data[type_name])
+    got = to_cpu_int4pack(q4_parts(raw), 32, torch.bfloat16)
+    want = to_cpu_int4pack(q4_to_int4(raw), 32, torch.bfloat16)
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("type_name", INT4_TYPES)
+def test_quant_linear_from_parts_equals_int4_route(fixture_data, type_name: str,
+                                                    dtype: torch.dtype) -> None:
+    raw = _raw(type_name, fixture_data[type_name])
+    parts = q4_parts(raw)
+    assert isinstance(parts, GgmlInt4Weight)
+    a = QuantLinear.from_int4(parts, None, dtype, "cpu")
+    b = QuantLinear.from_int4(q4_to_int4(raw), None, dtype, "cpu")
+    for name in ("w4_packed", "w4_sb", "cpu_packed", "cpu_scale_zeros", "qweight", "scales",
+                 "zeros"):
+        x, y = getattr(a, name), getattr(b, name)
+        assert (x is None) == (y is None), name
+        assert x is None or torch.equal(x, y), name
+    x = torch.randn(3, SHAPE[1], generator=torch.Generator().manual_seed(1)).to(dtype)
+    assert torch.equal(a(x), b(x))
+
+
+@pytest.mark.parametrize("type_name", INT4_TYPES)
+def test_parts_codes_and_dense_values_equal_int4_route(fixture_data, type_name: str) -> None:
+    """The codes the other paths unpack, and the dense float32 values a 4-bit token
+    embedding is stored with, are the `Int4Weight`'s bit for bit."""
+    raw = _raw(type_name, fixture_data[type_name])
+    parts, want = q4_parts(raw, 4), q4_to_int4(raw, 4)
+    assert torch.equal(parts.codes(), want.codes())
+    assert torch.equal(parts.dequantize(), want.dequantize())
+
+
+def test_q4_1_constant_blocks_repack_like_int4_route(fixture_data) -> None:
+    """Q4_1 blocks whose scale is 0 (constant `m`) take the `Int4Weight`'s special form."""
+    data = np.array(fixture_data["Q4_1"]).reshape(-1, 20)
+    data[::3, 0:2] = 0  # d = 0 in every third block
+    raw = _raw("Q4_1", data.reshape(SHAPE[0], -1))
+    packed, sb = q4_parts(raw).cpu_w4_pack()
+    want_packed, want_sb = cpu_w4.pack(q4_to_int4(raw))
+    assert torch.equal(packed, want_packed)
+    assert torch.equal(sb.view(torch.int16), want_sb.view(torch.int16))
