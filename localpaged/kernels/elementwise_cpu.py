@@ -1,6 +1,7 @@
-"""RMSNorm, SiLU-and-mul and rotary embedding on the CPU in bf16 through the native layer library
-(`cpu/decode_layer.c`): one vectorized pass over the rows instead of torch's chain of float32
-temporaries. Same results as the torch implementations (float32 inside, bf16 between steps)."""
+"""RMSNorm, SiLU-and-mul and rotary embedding on the CPU in bf16 or float32 through the native
+layer library (`cpu/decode_layer.c`): one vectorized pass over the rows instead of torch's chain
+of float32 temporaries. Same results as the torch implementations (float32 inside, the
+tensor's dtype between steps)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,17 @@ import torch
 
 from localpaged.kernels import native
 
+_SUFFIX = {torch.bfloat16: "bf16", torch.float32: "f32"}
+
 
 def supports(x: torch.Tensor) -> bool:
-    """Whether `x` can take the native path: a bf16 CPU tensor (any leading shape)."""
-    return x.device.type == "cpu" and x.dtype == torch.bfloat16 and native.available()
+    """Whether `x` can take the native path: a bf16 or float32 CPU tensor (any leading
+    shape)."""
+    return x.device.type == "cpu" and x.dtype in _SUFFIX and native.available()
+
+
+def _fn(name: str, dtype: torch.dtype):
+    return getattr(native.library(), f"{name}_{_SUFFIX[dtype]}")
 
 
 def rms_norm_cpu(x: torch.Tensor, weight: torch.Tensor, eps: float,
@@ -20,10 +28,10 @@ def rms_norm_cpu(x: torch.Tensor, weight: torch.Tensor, eps: float,
     n = x.shape[-1]
     x2 = x.reshape(-1, n).contiguous()
     r2 = residual.reshape(-1, n).contiguous() if residual is not None else None
-    w = weight.to(torch.bfloat16).contiguous()
+    w = weight.to(x2.dtype).contiguous()
     out, res_out = torch.empty_like(x2), torch.empty_like(x2)
     if x2.shape[0]:
-        native.library().rms_norm_rows_bf16(
+        _fn("rms_norm_rows", x2.dtype)(
             x2.data_ptr(), r2.data_ptr() if r2 is not None else None, res_out.data_ptr(),
             w.data_ptr(), out.data_ptr(), x2.shape[0], n, eps, torch.get_num_threads())
     return out.view(x.shape), (res_out.view(x.shape) if residual is not None else x)
@@ -35,8 +43,8 @@ def silu_and_mul_cpu(x: torch.Tensor) -> torch.Tensor:
     x2 = x.reshape(-1, 2 * inter).contiguous()
     out = torch.empty(x2.shape[0], inter, dtype=x.dtype)
     if x2.shape[0]:
-        native.library().silu_and_mul_rows_bf16(x2.data_ptr(), out.data_ptr(), x2.shape[0], inter,
-                                          torch.get_num_threads())
+        _fn("silu_and_mul_rows", x2.dtype)(x2.data_ptr(), out.data_ptr(), x2.shape[0], inter,
+                                           torch.get_num_threads())
     return out.view(*x.shape[:-1], inter)
 
 
@@ -51,14 +59,14 @@ def apply_rotary_cpu(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
         if cache is not None:
             cache["rotary.cpu_rows"] = rows
     if q.shape[0]:
-        native.library().rotary_rows_bf16(q.data_ptr(), q.stride(0), q.shape[1], k.data_ptr(),
-                                    k.stride(0), k.shape[1], q.shape[2], rows.data_ptr(),
-                                    q.shape[0], torch.get_num_threads())
+        _fn("rotary_rows", q.dtype)(q.data_ptr(), q.stride(0), q.shape[1], k.data_ptr(),
+                                     k.stride(0), k.shape[1], q.shape[2], rows.data_ptr(),
+                                     q.shape[0], torch.get_num_threads())
     return q, k
 
 
 def rotary_supports(q: torch.Tensor, k: torch.Tensor, cos_sin: torch.Tensor) -> bool:
     """Whether q and k can be rotated in place by `apply_rotary_cpu`."""
     d = q.shape[-1]
-    return (supports(q) and k.dtype == torch.bfloat16 and cos_sin.shape[-1] == d and d % 2 == 0
+    return (supports(q) and k.dtype == q.dtype and cos_sin.shape[-1] == d and d % 2 == 0
             and all(t.stride(-1) == 1 and t.stride(1) == d for t in (q, k)))

@@ -48,6 +48,9 @@ SIGNATURES: dict[str, tuple[list[type], type | None]] = {
     "rms_norm_rows_bf16": ([_P] * 5 + [_I] * 2 + [_F, _I], None),
     "silu_and_mul_rows_bf16": ([_P] * 2 + [_I] * 3, None),
     "rotary_rows_bf16": ([_P, _L, _I, _P, _L, _I, _I, _P, _I, _I], None),
+    "rms_norm_rows_f32": ([_P] * 5 + [_I] * 2 + [_F, _I], None),
+    "silu_and_mul_rows_f32": ([_P] * 2 + [_I] * 3, None),
+    "rotary_rows_f32": ([_P, _L, _I, _P, _L, _I, _I, _P, _I, _I], None),
 }
 
 

@@ -72,25 +72,26 @@ static int q8_linear_bf16(const struct w4_layer *w, const uint16_t *x, uint16_t 
 #define DL_ROUND same_f32
 #include "decode_layer_body.h"
 
-/* The layer's elementwise ops on their own, for the torch layers (prefill steps) on bf16. */
-void rms_norm_rows_bf16(const uint16_t *x, const uint16_t *res_in, uint16_t *res_out,
-                        const uint16_t *weight, uint16_t *out, int rows, int dim, float eps,
-                        int threads) {
-    add_rms_norm_bf16(x, res_in, res_out, weight, out, rows, dim, eps, threads);
-}
-
-void silu_and_mul_rows_bf16(const uint16_t *gate_up, uint16_t *out, int rows, int inter,
-                            int threads) {
-    silu_and_mul_bf16(gate_up, out, rows, inter, threads);
-}
-
-/* Rotate, in place, `rows` tokens' q heads and k heads (rows `q_stride` / `k_stride` elements
- * apart, heads contiguous within a row); cos_sin: [rows][dim] float32. */
-void rotary_rows_bf16(uint16_t *q, long q_stride, int q_heads, uint16_t *k, long k_stride,
-                      int k_heads, int dim, const float *cos_sin, int rows, int threads) {
-#pragma omp parallel for num_threads(threads) schedule(static) if (rows >= 16)
-    for (int m = 0; m < rows; m++) {
-        rotate_bf16(q + (size_t)m * q_stride, q_heads, dim, cos_sin + (size_t)m * dim);
-        rotate_bf16(k + (size_t)m * k_stride, k_heads, dim, cos_sin + (size_t)m * dim);
+/* The layer's elementwise ops on their own, for the torch layers (prefill steps), per
+ * activation type. */
+#define DL_ROWS(T, SUF)                                                                          \
+    void rms_norm_rows_##SUF(const T *x, const T *res_in, T *res_out, const T *weight, T *out,  \
+                             int rows, int dim, float eps, int threads) {                       \
+        add_rms_norm_##SUF(x, res_in, res_out, weight, out, rows, dim, eps, threads);           \
+    }                                                                                            \
+    void silu_and_mul_rows_##SUF(const T *gate_up, T *out, int rows, int inter, int threads) {  \
+        silu_and_mul_##SUF(gate_up, out, rows, inter, threads);                                  \
+    }                                                                                            \
+    /* Rotate, in place, `rows` tokens' q heads and k heads (rows `q_stride` / `k_stride`      \
+     * elements apart, heads contiguous within a row); cos_sin: [rows][dim] float32. */         \
+    void rotary_rows_##SUF(T *q, long q_stride, int q_heads, T *k, long k_stride, int k_heads,  \
+                           int dim, const float *cos_sin, int rows, int threads) {              \
+        _Pragma("omp parallel for num_threads(threads) schedule(static) if (rows >= 16)")       \
+        for (int m = 0; m < rows; m++) {                                                         \
+            rotate_##SUF(q + (size_t)m * q_stride, q_heads, dim, cos_sin + (size_t)m * dim);    \
+            rotate_##SUF(k + (size_t)m * k_stride, k_heads, dim, cos_sin + (size_t)m * dim);    \
+        }                                                                                        \
     }
-}
+
+DL_ROWS(uint16_t, bf16)
+DL_ROWS(float, f32)

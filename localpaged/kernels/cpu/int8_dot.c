@@ -30,7 +30,7 @@
 #endif
 
 #define I8_TILE 16
-#define I8_ROWS 4 /* rows of x per pass over a weight tile (AVX2 has 16 registers) */
+#define I8_ROWS 4 /* rows of x per pass over a weight tile */
 
 /* Row m of x [rows][k] quantized per block of `bs` (k % bs == 0): xq [rows][k], and per
  * block its scale dx [rows][k/bs] and the sum of its rounded values xsum (NULL: not wanted).
