@@ -5,6 +5,8 @@ tensor's dtype between steps)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from localpaged.kernels import native
@@ -13,12 +15,14 @@ _SUFFIX = {torch.bfloat16: "bf16", torch.float32: "f32"}
 
 
 def supports(x: torch.Tensor) -> bool:
-    """Whether `x` can take the native path: a bf16 or float32 CPU tensor (any leading
-    shape)."""
-    return x.device.type == "cpu" and x.dtype in _SUFFIX and native.available()
+    """Whether the layers take the native path for `x`: a bf16 CPU tensor (any leading shape).
+    Float32 layers keep torch's ops: with int8 activations a last-bit difference before a
+    matmul moves codes, and the float32 ops measured no faster than torch's at prefill."""
+    return x.device.type == "cpu" and x.dtype == torch.bfloat16 and native.available()
 
 
-def _fn(name: str, dtype: torch.dtype):
+def _fn(name: str, dtype: torch.dtype) -> Callable[..., None]:
+    """The library's `<name>_<bf16|f32>` entry point for `dtype`."""
     return getattr(native.library(), f"{name}_{_SUFFIX[dtype]}")
 
 
