@@ -11,9 +11,11 @@ preset equal over all 8 tokens in float32; in bf16 two excused divergences, Q4_K
 step 0 with a reference gap of 0.067 and IQ4_XS plain at step 5 with 0.023.) Each run must
 also compare MIN_COMPARED tokens or more on one prompt, so an early tie cannot hide the rest.
 Without native bf16 the CPU computes in float32 with its activations rounded to int8 per block
-(as llama.cpp does); there a gap under 0.3 is a tie (measured on an AVX2 machine: three
+(as llama.cpp does); there a gap under 0.4 is a tie (measured on an AVX2 machine: three
 excused divergences, Q4_K_M chat at step 0 with a gap of 0.186, two others at 0.070 and 0.167;
-every other run equal over all 8 tokens). The exact float32 path (the plain build) keeps 1e-3.
+every other run equal over all 8 tokens; the largest log-prob error of this path swings from
+0.11 to 0.27 with last-bit changes before the rounding, see test_optimize). The exact float32
+path (the plain build) keeps 1e-3.
 
 The only real file of the model is its Q4_1 GGUF: the presets are re-quantized from it (its
 values written as F16), as a user's llama-quantize run would do from an F16 file; the mix of
@@ -43,7 +45,7 @@ PLAIN = "The capital of France is"
 NEW_TOKENS = 8
 # Per compute path: float32 on the plain build; bf16 (BF16_TIE, see the module docstring);
 # float32 activations rounded to int8 per block (the default without native bf16).
-TIE = {"float32": 1e-3, "bfloat16": 0.1, "int8": 0.3}
+TIE = {"float32": 1e-3, "bfloat16": 0.1, "int8": 0.4}
 MIN_COMPARED = 6
 
 _LAYER = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",

@@ -94,7 +94,8 @@ def _check_mixed_step(model: torch.nn.Module, step_builder: Callable) -> None:
     from localpaged.quant import cpu_w4
 
     noisy = model.dtype == torch.bfloat16 or cpu_w4.int8_activations()
-    assert gap < (0.15 if noisy else 1e-3), gap
+    int8 = model.dtype == torch.float32 and noisy
+    assert gap < (0.4 if int8 else 0.15 if noisy else 1e-3), gap  # int8: see test_optimize
     # The torch reference differs from the native path only in the order of sums, so the
     # decode rows' KV is close to it; the chunks' rows are the same computation.
     for (k, v), (k2, v2) in zip(mixed_caches, torch_caches, strict=True):

@@ -110,11 +110,19 @@ def test_float32_4bit_smollm_equals_float32_up_to_summation_order(
         torch.testing.assert_close(got, ref, rtol=0, atol=2e-3)
         return
     top = ref.argmax(-1)
-    gap = (got.gather(1, top[:, None]) - ref.gather(1, top[:, None])).abs().max().item()
-    assert gap < INT8_LOGPROB_GAP, gap
-    assert torch.equal(got.argmax(-1), top)
+    gaps = (got.gather(1, top[:, None]) - ref.gather(1, top[:, None])).abs()
+    assert gaps.max().item() < INT8_LOGPROB_GAP, gaps.max()
+    assert gaps.mean().item() < INT8_MEAN_GAP, gaps.mean()
+    # A different top token only where float32 itself nearly ties the two.
+    flipped = (got.argmax(-1) != top).nonzero().flatten()
+    margin = ref[flipped, top[flipped]] - ref[flipped, got.argmax(-1)[flipped]]
+    assert (margin < 2 * INT8_LOGPROB_GAP).all(), margin
+    assert got[-1].argmax() == top[-1]
 
 
-# float32 with int8 activations against float32, on SmolLM2's chat prompt: measured 0.113 on
-# AVX2 (llama.cpp's own int8 activations on the same prompt: 0.128).
-INT8_LOGPROB_GAP = 0.2
+# float32 with int8 activations against float32, on SmolLM2's chat prompt (AVX2). The largest
+# gap over the 28 rows swings with last-bit changes before the rounding to int8: 0.113 and
+# 0.269 measured for two orders of the elementwise ops; the mean stays at 0.025-0.029
+# (llama.cpp's own int8 activations on the same prompt: 0.128 largest, 0.037 mean).
+INT8_LOGPROB_GAP = 0.4
+INT8_MEAN_GAP = 0.05
