@@ -50,6 +50,7 @@ def test_kernel_matches_reference(m: int, k: int, n: int, gs: int, dtype: torch.
     torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.usefixtures("exact_float32")  # the CPU reference in float32 as it is
 def test_quant_linear_act_order_through_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     """QuantLinear's non-CPU-op path (the kernel on CUDA; here the dequant fallback on the
     CPU with LOCALPAGED_INT4_CPU=dequant) keeps act-order's permutation right."""
