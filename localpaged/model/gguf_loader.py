@@ -18,7 +18,7 @@ import hashlib
 import os
 import re
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -439,6 +439,21 @@ def open_gguf(path: str | Path) -> GGUFFile:
     return cached
 
 
+def _decoded(raw: RawTensor, decode: Callable[[], Any]) -> Any:
+    """`decode()`, its ValueError naming the tensor."""
+    try:
+        return decode()
+    except ValueError as exc:
+        raise ValueError(f"tensor {raw.gguf_name}: {exc}") from None
+
+
+def _unpermuted(parts: tuple[np.ndarray, ...], rotary_heads: int | None) -> tuple[np.ndarray, ...]:
+    """Each per-row array of `parts` with llama.cpp's q/k permutation undone (if heads given)."""
+    if not rotary_heads:
+        return tuple(parts)
+    return tuple(unpermute_rotary(a, rotary_heads) for a in parts)
+
+
 def _int8_fits(raw: RawTensor) -> bool:
     """A matrix of a type with an int8 form whose blocks the 8-bit kernel's tiles fit."""
     from localpaged.quant.q8_linear import fits_kernel
@@ -452,11 +467,7 @@ def q_to_int8(raw: RawTensor, rotary_heads: int | None = None) -> Any:
     with llama.cpp's q/k row permutation undone when `rotary_heads` is given."""
     from localpaged.quant.ggml_int8 import int8_blocks
 
-    n, k = raw.shape
-    try:
-        blocks = int8_blocks(raw.type_name, raw.data, n, k)
-    except ValueError as exc:
-        raise ValueError(f"tensor {raw.gguf_name}: {exc}") from None
+    blocks = _decoded(raw, lambda: int8_blocks(raw.type_name, raw.data, *raw.shape))
     if rotary_heads:
         blocks = blocks.permute_rows(lambda a: unpermute_rotary(a, rotary_heads))
     return blocks
@@ -466,14 +477,8 @@ def q4_parts(raw: RawTensor, rotary_heads: int | None = None) -> GgmlInt4Weight:
     """A GGUF Q4_0 / Q4_1 / Q4_K matrix as code pairs, scales and zero-points per row (the
     same values, group size 32), with llama.cpp's q/k row permutation undone when
     `rotary_heads` is given."""
-    n, k = raw.shape
-    try:
-        pairs, scales, zeros = int4_pairs(raw.type_name, raw.data, n, k)
-    except ValueError as exc:
-        raise ValueError(f"tensor {raw.gguf_name}: {exc}") from None
-    if rotary_heads:
-        pairs, scales, zeros = (unpermute_rotary(a, rotary_heads) for a in (pairs, scales, zeros))
-    return GgmlInt4Weight(pairs, scales, zeros)
+    parts = _decoded(raw, lambda: int4_pairs(raw.type_name, raw.data, *raw.shape))
+    return GgmlInt4Weight(*_unpermuted(parts, rotary_heads))
 
 
 def q4_to_int4(raw: RawTensor, rotary_heads: int | None = None) -> Any:
@@ -481,13 +486,8 @@ def q4_to_int4(raw: RawTensor, rotary_heads: int | None = None) -> Any:
     with llama.cpp's q/k row permutation undone when `rotary_heads` is given."""
     from localpaged.quant.layout import from_codes
 
-    n, k = raw.shape
-    try:
-        codes, scales, zeros = int4_parts(raw.type_name, raw.data, n, k)
-    except ValueError as exc:
-        raise ValueError(f"tensor {raw.gguf_name}: {exc}") from None
-    if rotary_heads:
-        codes, scales, zeros = (unpermute_rotary(a, rotary_heads) for a in (codes, scales, zeros))
+    parts = _decoded(raw, lambda: int4_parts(raw.type_name, raw.data, *raw.shape))
+    codes, scales, zeros = _unpermuted(parts, rotary_heads)
     return from_codes(torch.from_numpy(codes.T.astype(np.int32)),
                       torch.from_numpy(np.ascontiguousarray(scales.T)),
                       torch.from_numpy(np.ascontiguousarray(zeros.T)), 32)
