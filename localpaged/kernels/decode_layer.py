@@ -28,7 +28,7 @@ class _W4(ctypes.Structure):
     _fields_ = [("packed", ctypes.c_void_p), ("sb", ctypes.c_void_p), ("bias", ctypes.c_void_p),
                 ("k", ctypes.c_int), ("n", ctypes.c_int), ("group_size", ctypes.c_int),
                 ("codes8", ctypes.c_void_p), ("scales8", ctypes.c_void_p),
-                ("offsets8", ctypes.c_void_p), ("block8", ctypes.c_int)]
+                ("offsets8", ctypes.c_void_p), ("block8", ctypes.c_int), ("quads", ctypes.c_int)]
 
 
 class _Layer(ctypes.Structure):
@@ -67,10 +67,15 @@ def _w4(linear: Any, dtype: torch.dtype) -> _W4 | None:
     bias = linear.bias
     if bias is not None and bias.dtype != linear.dtype:
         return None
+    from localpaged.quant import cpu_w4
+
     k = linear.in_features
+    quads = cpu_w4.is_quads(linear.w4_packed)
+    if quads and dtype != torch.float32:
+        return None
     return _W4(linear.w4_packed.data_ptr(), linear.w4_sb.data_ptr(),
                bias.data_ptr() if bias is not None else None, k, linear.out_features,
-               k // linear.w4_sb.shape[1])
+               k // linear.w4_sb.shape[1], quads=int(quads))
 
 
 class CpuDecodePlan:

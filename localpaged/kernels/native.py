@@ -40,6 +40,8 @@ SIGNATURES: dict[str, tuple[list[type], type | None]] = {
     "w4_gemm_f32_exact": ([_P] * 4 + [_I] * 5, _I),
     "w4_i8_gemm_f32": ([_P] * 4 + [_I] * 6, _I),
     "q8_gemm_f32": ([_P] * 5 + [_I] * 6, _I),
+    "w4q_gemm_f32": ([_P] * 4 + [_I] * 6, _I),
+    "w4_pairs_to_quads": ([_P, _P, _L, _I, _I], None),
     "i8_dot_isa": ([], _I),
     "paged_decode_bf16": ([_P] * 4 + [_I, _P, _P] + [_I] * 5 + [_F, _I], _I),
     "decode_layer_bf16": ([_P] * 4 + [_I], _I),

@@ -6,6 +6,11 @@ it again every 4 rows.
 * 4-bit: `packed` uint8 `[N/16, K/2, 16]` (two codes of one column per byte, low nibble
   first) and `sb` float16 `[N/16, G, 2, 16]` (scale, then offset: `W = q * s + b`; float16
   as the files' own scales, so GGUF and AWQ/GPTQ weights are kept as they are).
+* 4-bit, quads layout (float32 layers on builds with int8 dot products): `packed` uint8
+  `[N/16, K/4, 32]`, chunk c of a tile holding K rows 4c..4c+3 of its 16 columns (byte
+  4j + i: row 4c+i of column j in the low nibble, of column 8+j in the high one), `sb` as
+  above: the same bytes reordered so that the int8 kernel unpacks with one AND and one shift
+  (`is_quads` tells the layouts apart by shape).
 * 8-bit per output channel (the lm_head): codes int8 `[N/16, K/2, 2, 16]`, scales float32 `[N]`.
 * 8-bit per block of 32 (GGUF Q8_0): the same code tiles, float16 scales `[N/16, K/32, 16]`.
 
@@ -70,8 +75,52 @@ def pack(w: Int4Weight) -> tuple[torch.Tensor, torch.Tensor]:
     return packed, sb.to(torch.float16).contiguous()
 
 
+def is_quads(packed: torch.Tensor) -> bool:
+    """Whether `packed` is in the quads layout (else the pairs one)."""
+    return packed.shape[2] == 2 * TILE
+
+
+def fits_quads(packed: torch.Tensor, sb: torch.Tensor) -> bool:
+    """Whether the pairs-layout weight `(packed, sb)` can take the quads layout (K and the
+    group size multiples of 4)."""
+    k = packed.shape[1] * 2
+    return k % 4 == 0 and (k // sb.shape[1]) % 4 == 0
+
+
+def to_quads(packed: torch.Tensor) -> torch.Tensor:
+    """The quads layout of pairs-layout `packed` (the same bytes per tile, reordered), in C
+    where the library is here."""
+    tiles, pairs, _ = packed.shape
+    lib = native.library()
+    if lib is not None:
+        out = torch.empty(tiles, pairs // 2, 2 * TILE, dtype=torch.uint8)
+        lib.w4_pairs_to_quads(packed.contiguous().data_ptr(), out.data_ptr(), tiles, pairs * 2,
+                              torch.get_num_threads())
+        return out
+    return quads_in_torch(packed)
+
+
+def quads_in_torch(packed: torch.Tensor) -> torch.Tensor:
+    """`to_quads` in torch ops (without the library; the tests' reference for the C one)."""
+    tiles, pairs, _ = packed.shape
+    q = torch.stack((packed & 15, packed >> 4), dim=2).reshape(tiles, pairs // 2, 4, TILE)
+    quads = q[..., :8] | (q[..., 8:] << 4)  # [T, chunk, i, j]
+    return quads.transpose(2, 3).reshape(tiles, pairs // 2, 2 * TILE).contiguous()
+
+
+def to_pairs(packed: torch.Tensor) -> torch.Tensor:
+    """The pairs layout of `packed` (either layout)."""
+    if not is_quads(packed):
+        return packed
+    tiles, chunks, _ = packed.shape
+    b = packed.reshape(tiles, chunks, 8, 4).transpose(2, 3)  # [T, chunk, i, j]
+    q = torch.cat((b & 15, b >> 4), dim=3).reshape(tiles, chunks * 2, 2, TILE)  # [T, p, 2, col]
+    return (q[:, :, 0] | (q[:, :, 1] << 4)).contiguous()
+
+
 def dequantize(packed: torch.Tensor, sb: torch.Tensor) -> torch.Tensor:
-    """The weight `[N, K]` in float32 (stored input order) from the kernel's layout."""
+    """The weight `[N, K]` in float32 (stored input order) from the kernel's layout (either)."""
+    packed = to_pairs(packed)
     tiles, pairs, _ = packed.shape
     groups = sb.shape[1]
     q = torch.stack((packed & 15, packed >> 4), dim=2).reshape(tiles, groups, -1, TILE).float()
@@ -104,8 +153,12 @@ def _gemm(kind: str, x: torch.Tensor, packed: torch.Tensor, params: torch.Tensor
 
 def matmul(x: torch.Tensor, packed: torch.Tensor, sb: torch.Tensor,
            isa: str | None = None) -> torch.Tensor:
-    """`x @ W.T` for bf16 or float32 `x` `[M, K]`; `isa` picks a CPU variant (default: this
-    process's)."""
+    """`x @ W.T` for bf16 or float32 `x` `[M, K]` (float32 only for the quads layout);
+    `isa` picks a CPU variant (default: this process's)."""
+    if is_quads(packed):
+        if x.dtype != torch.float32:
+            raise ValueError("the quads layout takes float32 activations")
+        return matmul_int8_activations(x, packed, sb, isa)
     group_size = packed.shape[1] * 2 // sb.shape[1]
     return _gemm("w4", x, packed, sb, (group_size,), isa)
 
@@ -181,9 +234,15 @@ def matmul_q8(x: torch.Tensor, tiles: torch.Tensor, tile_scales: torch.Tensor,
 def matmul_int8_activations(x: torch.Tensor, packed: torch.Tensor, sb: torch.Tensor,
                             isa: str | None = None, plain: bool = False) -> torch.Tensor:
     """`x @ W.T` for float32 `x` through int8 activations per group on any build (`plain`:
-    the plain-C loops); what `matmul` does for float32 where `int8_activations()`."""
-    group_size = packed.shape[1] * 2 // sb.shape[1]
-    return _gemm("w4_i8", x.float(), packed, sb, (group_size,), isa, plain=plain)
+    the plain-C loops), for either 4-bit layout; what `matmul` does for float32 where
+    `int8_activations()`."""
+    quads = is_quads(packed)
+    k = packed.shape[1] * (4 if quads else 2)
+    group_size = k // sb.shape[1]
+    if quads:  # _gemm reads K from the pairs shape: give it that view of the same bytes
+        packed = packed.view(packed.shape[0], k // 2, TILE)
+    return _gemm("w4q" if quads else "w4_i8", x.float(), packed, sb, (group_size,), isa,
+                 plain=plain)
 
 
 def quantize_activations(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:

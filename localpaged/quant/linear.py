@@ -128,7 +128,11 @@ class QuantLinear(nn.Module):
                     or cpu_w4.holds_exactly(given)))
         self.qweight = self.scales = self.zeros = None
         if own:  # GGUF blocks go straight to the kernel's layout (the same bytes)
-            self.w4_packed, self.w4_sb = given.cpu_w4_pack() if parts else cpu_w4.pack(given)
+            packed, self.w4_sb = given.cpu_w4_pack() if parts else cpu_w4.pack(given)
+            if (self.dtype == torch.float32 and cpu_w4.int8_activations()
+                    and cpu_w4.fits_quads(packed, self.w4_sb)):
+                packed = cpu_w4.to_quads(packed)  # what the int8 kernel reads fastest
+            self.w4_packed = packed
         if sub is not None:
             self.cpu_group_size = sub
             self.cpu_packed, self.cpu_scale_zeros = to_cpu_int4pack(given, sub, self.dtype)
@@ -209,7 +213,8 @@ class QuantLinear(nn.Module):
             parts = [getattr(part, name) for part in layers]
             return None if parts[0] is None else torch.cat(parts, dim)
 
-        # Own kernel: [N/16, K/2, 16] and [N/16, G, 2, 16]; torch's CPU packing: [N, K/2] and
+        # Own kernel: [N/16, K/2, 16] (or quads [N/16, K/4, 32], alike in every part: the
+        # layout follows dtype, K and group size) and [N/16, G, 2, 16]; torch's CPU packing: [N, K/2] and
         # [K/sub, N, 2]; internal: [K/8, N] and [G, N]; dense [N, K].
         out.w4_packed, out.w4_sb = cat("w4_packed", 0), cat("w4_sb", 0)
         if torch_joins:  # else the own kernel serves single rows too

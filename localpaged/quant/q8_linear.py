@@ -47,7 +47,7 @@ class Q8Linear(nn.Module):
         scale and offset per group), so it can join int8 layers (q/k/v of mixed types)."""
         if getattr(layer, "w4_packed", None) is None or layer.perm is not None:
             raise ValueError("only a 4-bit layer on the own kernel (no act-order) converts")
-        packed, sb = layer.w4_packed, layer.w4_sb
+        packed, sb = cpu_w4.to_pairs(layer.w4_packed), layer.w4_sb
         t, pairs, _ = packed.shape
         codes = torch.stack((packed & 15, packed >> 4), dim=2).reshape(t, pairs * 2, cpu_w4.TILE)
         codes = codes.permute(0, 2, 1).reshape(t * cpu_w4.TILE, pairs * 2).to(torch.int8)

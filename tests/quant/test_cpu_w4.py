@@ -71,19 +71,41 @@ INT8_ACTIVATIONS = 2**-5
 def _int8_reference(x: torch.Tensor, packed: torch.Tensor, sb: torch.Tensor) -> torch.Tensor:
     """x @ W.T as the int8-activation kernels define it, in float64: W times x rounded to
     int8 per group (max|x| / 127 steps)."""
-    group = packed.shape[1] * 2 // sb.shape[1]
+    w = cpu_w4.dequantize(packed, sb).double()
+    group = w.shape[1] // sb.shape[1]
     xq, dx = cpu_w4.quantize_activations(x.float(), group)
     rounded = (xq.double().reshape(*dx.shape, group) * dx.double()[..., None]).reshape(x.shape)
-    return rounded @ cpu_w4.dequantize(packed, sb).double().t()
+    return rounded @ w.t()
+
+
+def test_quads_layout_holds_the_same_weight() -> None:
+    """The quads layout (C and torch conversions alike) reorders the pairs layout's bytes
+    and converts back; both dequantize to the weight."""
+    w = _weight(256, 48, 32, 0)
+    packed, sb = cpu_w4.pack(w)
+    quads = cpu_w4.quads_in_torch(packed)
+    assert cpu_w4.is_quads(quads) and not cpu_w4.is_quads(packed)
+    assert quads.shape == (3, 64, 32) and cpu_w4.fits_quads(packed, sb)
+    if cpu_w4.available():
+        assert torch.equal(cpu_w4.to_quads(packed), quads)
+    assert torch.equal(cpu_w4.to_pairs(quads), packed)
+    assert torch.equal(cpu_w4.dequantize(quads, sb), cpu_w4.dequantize(packed, sb))
+    # byte 4j + i of chunk c: row 4c+i of column j (low nibble) and of column 8+j (high)
+    codes = w.codes()  # [K, N]
+    assert int(quads[1, 5, 4 * 3 + 2]) == int(codes[22, 16 + 3]) | int(codes[22, 16 + 11]) << 4
 
 
 @pytest.mark.parametrize("rows", [1, 3, 4, 5, 9])
 @pytest.mark.parametrize(("k", "n", "group"), [(64, 32, 32), (1536, 576, 64), (256, 80, 128)])
+@pytest.mark.parametrize("layout", ["pairs", "quads"])
 def test_int8_activation_loops_equal_the_plain_ones(cpu_variant: str, rows: int, k: int, n: int,
-                                                    group: int) -> None:
-    """The vector loops of each build against its plain-C loops and the torch reference."""
+                                                    group: int, layout: str) -> None:
+    """The vector loops of each build against its plain-C loops and the torch reference, for
+    both 4-bit layouts."""
     w = _weight(k, n, group, rows)
     packed, sb = cpu_w4.pack(w)
+    if layout == "quads":
+        packed = cpu_w4.to_quads(packed)
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
     fast = cpu_w4.matmul_int8_activations(x, packed, sb)
     plain = cpu_w4.matmul_int8_activations(x, packed, sb, plain=True)
@@ -169,6 +191,7 @@ def test_float32_layers_take_the_kernel_where_it_holds_the_weight(cpu_variant: s
     other = QuantLinear.from_int4(awq_like, None, torch.float32, "cpu")
     int8 = cpu_w4.int8_activations()
     assert own.w4_packed is not None
+    assert cpu_w4.is_quads(own.w4_packed) == int8  # the int8 kernel's own layout
     assert (other.w4_packed is not None) == int8 and (other.qweight is not None) != int8
     x = torch.randn(3, 64, generator=g)
     for layer, w in ((own, gguf_like), (other, awq_like)):

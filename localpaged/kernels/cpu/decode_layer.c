@@ -21,6 +21,7 @@ struct w4_layer {
     const int8_t *codes8;
     const float *scales8, *offsets8;
     int block8;
+    int quads; /* `packed` in the quads layout (int8_dot.c, float32 models only) */
 };
 
 struct decode_layer {
@@ -52,6 +53,17 @@ static int q8_linear_bf16(const struct w4_layer *w, const uint16_t *x, uint16_t 
                           int threads) {
     (void)w, (void)x, (void)y, (void)rows, (void)threads;
     return -2; /* int8 blocks are kept for float32 models only */
+}
+
+static int w4q_linear_f32(const struct w4_layer *w, const float *x, float *y, int rows,
+                          int threads) {
+    return w4q_gemm_f32(x, w->packed, w->sb, y, rows, w->k, w->n, w->group_size, threads, 0);
+}
+
+static int w4q_linear_bf16(const struct w4_layer *w, const uint16_t *x, uint16_t *y, int rows,
+                           int threads) {
+    (void)w, (void)x, (void)y, (void)rows, (void)threads;
+    return -2; /* the quads layout is kept for float32 models only */
 }
 
 #define DL_CAT2(a, b) a##_##b

@@ -6,6 +6,14 @@
  * 4-bit (the layout of quant_gemm.c, blocks = the weight's groups):
  *   sum_k W[n][k] x[k] over a group ~ s[n] * dx * sum_k q[k][n] xq[k] + b[n] * dx * sum_k xq[k]
  *   (the weight times the rounded x: see quantize_rows_i8).
+ * 4-bit in the quads layout (what float32 layers keep on builds with integer dot products):
+ *   packed uint8 [N/16][K/4][32], chunk c of tile t holding rows 4c..4c+3 of its 16 columns:
+ *   byte 4j + i has q[4c+i][16t+j] in its low nibble and q[4c+i][16t+8+j] in its high one;
+ *   sb as for the pairs layout. One AND and one shift give two registers of 8 columns x 4
+ *   values of K, each ready for `vpmaddubsw` with one broadcast of 4 activations, and
+ *   `vpmaddwd` by ones sums a column's products once per 8 chunks: about half the
+ *   instructions per MAC of the pairs layout at one row, 4/5 at four (measured on AVX2:
+ *   1.9x and 1.25x the pairs kernel's speed).
  * 8-bit blocks (GGUF Q8_0, and the other GGUF types whose codes fit in int8: Q5_0/1, Q6_K,
  * IQ4_NL ...): codes int8 [N/16][K/2][2][16] (as w8_gemm), per block of `bs` values of K a
  * float32 scale and optionally a float32 offset per column, [N/16][K/bs][16] each:
@@ -77,6 +85,33 @@ static void w4_i8_tile_plain(const uint8_t *wp, const uint16_t *sbp, const int8_
                     const uint8_t v = gp[p * I8_TILE + j];
                     dot += (v & 15) * xm[2 * p] + (v >> 4) * xm[2 * p + 1];
                 }
+                acc[m * I8_TILE + j] += f16_to_f32(sp[j]) * (d * (float)dot) +
+                                        f16_to_f32(sp[I8_TILE + j]) * sx;
+            }
+        }
+    }
+}
+
+/* w4_i8_tile_plain for the quads layout: the same integers, the same float32 sums. */
+static void w4q_i8_tile_plain(const uint8_t *wp, const uint16_t *sbp, const int8_t *xq,
+                              const float *dx, const float *xs, float *acc, int rows, int k,
+                              int gs) {
+    const int groups = k / gs, chunks = gs / 4;
+    for (int m = 0; m < rows; m++)
+        for (int j = 0; j < I8_TILE; j++) acc[m * I8_TILE + j] = 0.f;
+    for (int g = 0; g < groups; g++) {
+        const uint8_t *gp = wp + (size_t)g * chunks * 2 * I8_TILE;
+        const uint16_t *sp = sbp + (size_t)g * 2 * I8_TILE;
+        for (int m = 0; m < rows; m++) {
+            const int8_t *xm = xq + (size_t)m * k + (size_t)g * gs;
+            const float d = dx[(size_t)m * groups + g], sx = xs[(size_t)m * groups + g];
+            for (int j = 0; j < I8_TILE; j++) {
+                int32_t dot = 0;
+                for (int c = 0; c < chunks; c++)
+                    for (int i = 0; i < 4; i++) {
+                        const uint8_t v = gp[c * 2 * I8_TILE + 4 * (j % 8) + i];
+                        dot += (j < 8 ? v & 15 : v >> 4) * xm[4 * c + i];
+                    }
                 acc[m * I8_TILE + j] += f16_to_f32(sp[j]) * (d * (float)dot) +
                                         f16_to_f32(sp[I8_TILE + j]) * sx;
             }
@@ -172,6 +207,64 @@ static inline __attribute__((always_inline)) void w4_i8_tile_n(
     }
 }
 
+/* w4q_i8_tile_plain with AVX2, `rows` (1..I8_ROWS) a constant after inlining. */
+static inline __attribute__((always_inline)) void w4q_i8_tile_n(
+    const uint8_t *wp, const uint16_t *sbp, const int8_t *xq, const float *dx, const float *xs,
+    float *acc, int rows, int k, int gs) {
+    const int groups = k / gs, chunks = gs / 4;
+    const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    __m256 out[I8_ROWS][2];
+    for (int m = 0; m < I8_ROWS; m++) out[m][0] = out[m][1] = _mm256_setzero_ps();
+    for (int g = 0; g < groups; g++) {
+        const uint8_t *gp = wp + (size_t)g * chunks * 2 * I8_TILE;
+        __m256i dot[I8_ROWS][2];
+        for (int m = 0; m < I8_ROWS; m++) dot[m][0] = dot[m][1] = _mm256_setzero_si256();
+        for (int c0 = 0; c0 < chunks; c0 += 8) { /* 8 chunks: int16 sums cannot saturate */
+            __m256i d16[I8_ROWS][2];
+            for (int m = 0; m < I8_ROWS; m++) d16[m][0] = d16[m][1] = _mm256_setzero_si256();
+            const int end = c0 + 8 < chunks ? c0 + 8 : chunks;
+            for (int c = c0; c < end; c++) {
+                if (c % 2 == 0) _mm_prefetch((const char *)(gp + c * 32) + 1024, _MM_HINT_T0);
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(gp + c * 32));
+                const __m256i a = _mm256_and_si256(v, low);                       /* cols 0-7 */
+                const __m256i b = _mm256_and_si256(_mm256_srli_epi16(v, 4), low); /* 8-15 */
+#pragma GCC unroll 4
+                for (int m = 0; m < I8_ROWS; m++) {
+                    if (m >= rows) continue;
+                    int32_t four;
+                    memcpy(&four, xq + (size_t)m * k + (size_t)g * gs + 4 * c, sizeof four);
+                    const __m256i xb = _mm256_set1_epi32(four);
+                    d16[m][0] = _mm256_add_epi16(d16[m][0], _mm256_maddubs_epi16(a, xb));
+                    d16[m][1] = _mm256_add_epi16(d16[m][1], _mm256_maddubs_epi16(b, xb));
+                }
+            }
+#pragma GCC unroll 4
+            for (int m = 0; m < I8_ROWS; m++) {
+                if (m >= rows) continue;
+                dot[m][0] = _mm256_add_epi32(dot[m][0], _mm256_madd_epi16(d16[m][0], ones));
+                dot[m][1] = _mm256_add_epi32(dot[m][1], _mm256_madd_epi16(d16[m][1], ones));
+            }
+        }
+        const uint16_t *sp = sbp + (size_t)g * 2 * I8_TILE;
+        const __m256 s0 = load_f16x8(sp), s1 = load_f16x8(sp + 8);
+        const __m256 b0 = load_f16x8(sp + I8_TILE), b1 = load_f16x8(sp + I8_TILE + 8);
+#pragma GCC unroll 4
+        for (int m = 0; m < I8_ROWS; m++) {
+            if (m >= rows) continue;
+            const __m256 d = _mm256_set1_ps(dx[(size_t)m * groups + g]);
+            const __m256 sx = _mm256_set1_ps(xs[(size_t)m * groups + g]);
+            out[m][0] = _mm256_fmadd_ps(s0, _mm256_mul_ps(d, _mm256_cvtepi32_ps(dot[m][0])), out[m][0]);
+            out[m][1] = _mm256_fmadd_ps(s1, _mm256_mul_ps(d, _mm256_cvtepi32_ps(dot[m][1])), out[m][1]);
+            out[m][0] = _mm256_fmadd_ps(b0, sx, out[m][0]);
+            out[m][1] = _mm256_fmadd_ps(b1, sx, out[m][1]);
+        }
+    }
+    for (int m = 0; m < rows; m++) {
+        _mm256_storeu_ps(acc + m * I8_TILE, out[m][0]);
+        _mm256_storeu_ps(acc + m * I8_TILE + 8, out[m][1]);
+    }
+}
+
 /* q8_i8_tile_plain with AVX2: each pair of code rows becomes 16-bit pairs per column,
  * multiplied with the row's pair of activations by `vpmaddwd`. */
 static inline __attribute__((always_inline)) void q8_i8_tile_n(
@@ -233,6 +326,15 @@ static void w4_i8_tile(const uint8_t *wp, const uint16_t *sbp, const int8_t *xq,
     }
 }
 
+static void w4q_i8_tile(const uint8_t *wp, const uint16_t *sbp, const int8_t *xq,
+                        const float *dx, const float *xs, float *acc, int rows, int k, int gs) {
+    switch (rows) {
+#define I8_CASE(r) case r: w4q_i8_tile_n(wp, sbp, xq, dx, xs, acc, r, k, gs); break;
+        I8_CASE(1) I8_CASE(2) I8_CASE(3) I8_CASE(4)
+#undef I8_CASE
+    }
+}
+
 static void q8_i8_tile(const int8_t *wp, const float *sp, const float *op, const int16_t *x16,
                        const float *dx, const float *xs, float *acc, int rows, int k, int bs) {
     switch (rows) {
@@ -252,11 +354,12 @@ int i8_dot_isa(void) {
 #endif
 }
 
-/* y [M][N] (float32, or bf16 when `y_bf16`) = x [M][K] @ W.T for the 4-bit layout of
- * quant_gemm.c, through int8 activations per group; `plain` forces the plain-C loops.
- * Returns 0, or -1 when scratch memory cannot be had. */
+/* y [M][N] (float32, or bf16 when `y_bf16`) = x [M][K] @ W.T for the 4-bit pairs layout of
+ * quant_gemm.c (or the quads layout, `quads`), through int8 activations per group; `plain`
+ * forces the plain-C loops. Returns 0, or -1 when scratch memory cannot be had. */
 static int w4_gemm_i8(const float *x, const uint8_t *packed, const uint16_t *sb, void *y,
-                      int y_bf16, int m_rows, int k, int n, int gs, int threads, int plain) {
+                      int y_bf16, int m_rows, int k, int n, int gs, int threads, int plain,
+                      int quads) {
     const int groups = k / gs, tiles = n / I8_TILE;
     (void)plain; /* builds without the vector loops have only the plain ones */
     int8_t *xq = malloc((size_t)m_rows * k + 64);
@@ -279,10 +382,15 @@ static int w4_gemm_i8(const float *x, const uint8_t *packed, const uint16_t *sb,
             const int8_t *xm = xq + (size_t)m0 * k;
             const float *dm = dx + (size_t)m0 * groups, *sm = xs + (size_t)m0 * groups;
 #ifdef I8_AVX2
-            if (!plain)
+            if (!plain && quads)
+                w4q_i8_tile(wp, sbp, xm, dm, sm, acc, rows, k, gs);
+            else if (!plain)
                 w4_i8_tile(wp, sbp, xm, dm, sm, acc, rows, k, gs);
             else
 #endif
+            if (quads)
+                w4q_i8_tile_plain(wp, sbp, xm, dm, sm, acc, rows, k, gs);
+            else
                 w4_i8_tile_plain(wp, sbp, xm, dm, sm, acc, rows, k, gs);
             for (int m = 0; m < rows; m++) {
                 const size_t at = (size_t)(m0 + m) * n + (size_t)t * I8_TILE;
@@ -351,5 +459,30 @@ int q8_gemm_f32(const float *x, const int8_t *codes, const float *scales, const 
  * `plain` picks the plain-C loops over the vector ones. */
 int w4_i8_gemm_f32(const float *x, const uint8_t *packed, const uint16_t *sb, float *y,
                    int m_rows, int k, int n, int gs, int threads, int plain) {
-    return w4_gemm_i8(x, packed, sb, y, 0, m_rows, k, n, gs, threads, plain);
+    return w4_gemm_i8(x, packed, sb, y, 0, m_rows, k, n, gs, threads, plain, 0);
+}
+
+/* The same for the quads layout (K % 4 == 0, group size % 4 == 0), on every build (the
+ * plain-C loops where the build has no vector ones). */
+int w4q_gemm_f32(const float *x, const uint8_t *packed, const uint16_t *sb, float *y,
+                 int m_rows, int k, int n, int gs, int threads, int plain) {
+    return w4_gemm_i8(x, packed, sb, y, 0, m_rows, k, n, gs, threads, plain, 1);
+}
+
+/* The pairs layout of `tiles` tiles of K rows rewritten in the quads layout, in parallel
+ * (the same bytes per tile, reordered). */
+void w4_pairs_to_quads(const uint8_t *src, uint8_t *dst, long tiles, int k, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (long t = 0; t < tiles; t++) {
+        const uint8_t *s = src + (size_t)t * (k / 2) * I8_TILE;
+        uint8_t *d = dst + (size_t)t * (k / 2) * I8_TILE;
+        for (int c = 0; c < k / 4; c++)
+            for (int j = 0; j < 8; j++)
+                for (int i = 0; i < 4; i++) {
+                    const int kk = 4 * c + i, shift = 4 * (kk & 1);
+                    const int lo = (s[(kk / 2) * I8_TILE + j] >> shift) & 15;
+                    const int hi = (s[(kk / 2) * I8_TILE + 8 + j] >> shift) & 15;
+                    d[c * 2 * I8_TILE + 4 * j + i] = (uint8_t)(lo | hi << 4);
+                }
+    }
 }

@@ -402,7 +402,7 @@ int w4_gemm_bf16(const uint16_t *x, const uint8_t *packed, const uint16_t *sb, u
 int w4_gemm_f32(const float *x, const uint8_t *packed, const uint16_t *sb, float *y,
                 int m_rows, int k, int n, int gs, int threads) {
 #ifdef I8_AVX2
-    return w4_gemm_i8(x, packed, sb, y, 0, m_rows, k, n, gs, threads, 0);
+    return w4_gemm_i8(x, packed, sb, y, 0, m_rows, k, n, gs, threads, 0, 0);
 #else
     return w4_gemm_rows_f32(x, packed, sb, y, 0, m_rows, k, n, gs, threads);
 #endif
