@@ -29,7 +29,6 @@
 #include <string.h>
 
 #include "bf16.h"
-#include <omp.h>
 
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
 #include <immintrin.h>
@@ -148,7 +147,11 @@ static void tile_rows_bf16(const uint8_t *wp, const uint16_t *sbp, const uint16_
 /* GCC 12's vectorizer, left to choose, vectorized these row loops so that they read past the
  * rows of x (a segfault where x ended a thread's heap): only the `omp simd` loops over the 16
  * columns are vectorized. */
+#ifdef __clang__ /* clang has no `optimize` attribute (and not GCC 12's vectorizer) */
+#define PLAIN_ROWS __attribute__((noinline))
+#else
 #define PLAIN_ROWS __attribute__((noinline, optimize("no-tree-vectorize")))
+#endif
 
 /* Plain C, on float rows: for each pair of K, the two codes of the 16 columns become floats
  * once, then every row takes its two products; per group, the scale and offset are applied. */
@@ -223,6 +226,11 @@ static int w4_gemm_rows_f32(const float *x, const uint8_t *packed, const uint16_
 #define AMX_MIN_ROWS 3
 #include <sys/syscall.h>
 #include <unistd.h>
+#ifdef _OPENMP
+#include <omp.h>
+#else /* built without OpenMP: the pragmas are ignored, one thread per call */
+static inline int omp_get_thread_num(void) { return 0; }
+#endif
 
 /* Linux hands out AMX state only on request, once per process. */
 static int amx_allowed(void) {
