@@ -33,14 +33,15 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from localpaged.kernels import cpu_isa, native  # noqa: E402
 from localpaged.kernels import decode_layer as dl  # noqa: E402
-from localpaged.kernels import native  # noqa: E402
 from localpaged.quant import cpu_w4  # noqa: E402
 from localpaged.quant.layout import from_codes  # noqa: E402
 
@@ -81,6 +82,7 @@ class Call:
     exact: bool = False  # bit-exact against the x86 generic build expected
     reference: list[torch.Tensor] | None = None  # float64 torch results, or None
     tolerance: float = 0.0  # of the largest reference value
+    int8_reference: list[torch.Tensor] | None = None  # what builds with int8 activations give
     results: dict[str, list[torch.Tensor]] = field(default_factory=dict)
 
 
@@ -123,8 +125,9 @@ def run_ctypes(lib: ctypes.CDLL, call: Call) -> list[torch.Tensor]:
     return [copies[id(t)] for t in call.outputs]
 
 
-def run_qemu(driver: Path, calls: list[Call], work: Path) -> list[list[torch.Tensor]]:
-    """Every call through the aarch64 driver under qemu, in one process; returns the outputs."""
+def run_qemu(driver: Path, calls: list[Call], work: Path, probe: bool = False) -> Any:
+    """Every call through the aarch64 driver under qemu, in one process; returns the outputs
+    (`probe`: the one call's result instead)."""
     lines: list[str] = []
     names: dict[int, str] = {}
 
@@ -168,6 +171,8 @@ def run_qemu(driver: Path, calls: list[Call], work: Path) -> list[list[torch.Ten
                           capture_output=True, text=True, timeout=1800)
     if done.returncode != 0:
         raise RuntimeError(f"the driver failed ({done.returncode}):\n{done.stderr}")
+    if probe:
+        return int(done.stdout.split(" -> ")[1])
     for line, call in zip(done.stdout.splitlines(), calls, strict=True):
         fn, rc = line.split(" -> ")
         if fn != call.fn or int(rc) != 0:
@@ -244,7 +249,8 @@ def gemm_calls() -> list[Call]:
         for fn in ("w4_gemm_f32", "w4_gemm_f32_exact"):
             y = torch.zeros(rows, n)
             calls.append(Call(f"{fn} {tag}", fn, [x, packed, sb, y, rows, k, n, group, THREADS],
-                              [y], reference=[f32], tolerance=2**-18))
+                              [y], exact=fn == "w4_gemm_f32", reference=[f32], tolerance=2**-18,
+                              int8_reference=[i8] if fn == "w4_gemm_f32" else None))
         for plain in (1, 0):
             y = torch.zeros(rows, n)
             calls.append(Call(f"w4_i8_gemm_f32 plain={plain} {tag}", "w4_i8_gemm_f32",
@@ -421,19 +427,25 @@ def _step(t: torch.Tensor) -> float:
     return 2**-7 if t.dtype == torch.bfloat16 else 2**-20
 
 
-def compare(calls: list[Call], builds: list[str], log: Callable[[str], None]) -> list[str]:
-    """Lines describing each failure (empty: all held)."""
+def compare(calls: list[Call], builds: dict[str, bool], log: Callable[[str], None]) -> list[str]:
+    """Lines describing each failure (empty: all held). `builds`: the aarch64 builds run, and
+    whether each takes float32 activations as int8 (then held to the x86 int8 build)."""
     failures = []
     for call in calls:
-        x86 = call.results["x86"]
         line = [f"{call.label:45s}"]
-        if call.reference is not None:
-            err = max(_rel(a, r) for a, r in zip(x86, call.reference, strict=True))
-            line.append(f"x86-vs-torch {err:.1e}")
+        for x86, int8 in (("x86", False), ("x86-int8", True)):
+            reference = (call.int8_reference or call.reference) if int8 else call.reference
+            if reference is None or x86 not in call.results:
+                continue
+            got = call.results[x86]
+            err = max(_rel(a, r) for a, r in zip(got, reference, strict=True))
+            line.append(f"{x86}-vs-torch {err:.1e}")
             if err > call.tolerance:
-                failures.append(f"{call.label}: x86 {err:.2e} from torch > {call.tolerance:.1e}")
-        for name in builds:
+                failures.append(f"{call.label}: {x86} {err:.2e} from torch > {call.tolerance:.1e}")
+        for name, int8 in builds.items():
             got = call.results[name]
+            x86 = call.results["x86-int8" if int8 else "x86"]
+            reference = (call.int8_reference or call.reference) if int8 else call.reference
             same = all(torch.equal(a.view(torch.uint8), b.view(torch.uint8))
                        for a, b in zip(got, x86, strict=True))
             err = max(_rel(a, b) for a, b in zip(got, x86, strict=True))
@@ -442,8 +454,8 @@ def compare(calls: list[Call], builds: list[str], log: Callable[[str], None]) ->
                 failures.append(f"{call.label}: {name} not bit-exact with x86 ({err:.2e})")
             elif err > max(_step(t) for t in got) * 4:
                 failures.append(f"{call.label}: {name} {err:.2e} from x86")
-            if call.reference is not None:
-                ref_err = max(_rel(a, r) for a, r in zip(got, call.reference, strict=True))
+            if reference is not None:
+                ref_err = max(_rel(a, r) for a, r in zip(got, reference, strict=True))
                 if ref_err > call.tolerance:
                     failures.append(f"{call.label}: {name} {ref_err:.2e} from torch")
         log("  ".join(line))
@@ -468,21 +480,41 @@ def check(builds: list[str], log: Callable[[str], None] = print) -> list[str]:
     lib = native.library("generic")
     if lib is None:
         raise RuntimeError("the x86 generic build is not available")
-    for call in calls:
-        call.results["x86"] = run_ctypes(lib, call)
-    ran = []
+    ran: dict[str, bool] = {}
     with tempfile.TemporaryDirectory(prefix="localpaged-arm-") as tmp:
+        lib8 = x86_int8_library(Path(tmp))
+        for call in calls:
+            call.results["x86"] = run_ctypes(lib, call)
+            call.results["x86-int8"] = run_ctypes(lib8, call)
         for name in builds:
             driver, what = build(name, Path(tmp))
-            log(what)
             if driver is None:
+                log(what)
                 continue
             (Path(tmp) / f"{name}-io").mkdir()
+            isa = run_qemu(driver, [Call("probe", "i8_dot_isa", [], [])], Path(tmp), probe=True)
+            ran[name] = isa != 0
+            log(f"{what}; int8 dot products: {['none', 'AVX2', 'NEON'][isa]}")
             for call, outs in zip(calls, run_qemu(driver, calls, Path(tmp) / f"{name}-io"),
                                   strict=True):
                 call.results[name] = outs
-            ran.append(name)
     return compare(calls, ran, log)
+
+
+def x86_int8_library(work: Path) -> ctypes.CDLL:
+    """This machine's generic build with float32 activations as int8 in plain C
+    (LOCALPAGED_I8_PLAIN): what a build with int8 dot products computes, bit for bit."""
+    cc = native._compiler()
+    if cc is None:
+        raise RuntimeError("no C compiler here")
+    path = work / "x86-int8.so"
+    flags = [*native.FLAGS, *cpu_isa.compile_flags("generic"), "-DLOCALPAGED_I8_PLAIN"]
+    subprocess.run([cc, *flags, str(native.SOURCES / f"{native.ALL}.c"), "-o", str(path)],
+                   check=True)
+    lib = ctypes.CDLL(str(path))
+    for fn, (args, result) in native.SIGNATURES.items():
+        getattr(lib, fn).argtypes, getattr(lib, fn).restype = args, result
+    return lib
 
 
 def main() -> int:

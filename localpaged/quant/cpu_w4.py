@@ -10,7 +10,7 @@ it again every 4 rows.
 * 8-bit per block of 32 (GGUF Q8_0): the same code tiles, float16 scales `[N/16, K/32, 16]`.
 
 Float32 activations go through int8 dot products where the build has them
-(`int8_activations()`: AVX2 and up): each row of x is quantized to int8 per block (the 4-bit
+(`int8_activations()`: AVX2 and up, NEON on aarch64): each row of x is quantized to int8 per block (the 4-bit
 weight's group, or Q8_0's 32), as llama.cpp does, `kernels/cpu/int8_dot.c`.
 """
 

@@ -406,10 +406,12 @@ int w4_gemm_bf16(const uint16_t *x, const uint8_t *packed, const uint16_t *sb, u
 }
 
 /* The same for float32 x and y (CPUs without native bf16 compute in float32): through int8
- * activations where the build has integer dot products (int8_dot.c), else in float32. */
+ * activations where the build has integer dot products (int8_dot.c), else in float32.
+ * (LOCALPAGED_I8_PLAIN takes the int8 path in plain C on any build: scripts/check_arm.py's
+ * x86 reference for the NEON build.) */
 int w4_gemm_f32(const float *x, const uint8_t *packed, const uint16_t *sb, float *y,
                 int m_rows, int k, int n, int gs, int threads) {
-#ifdef I8_AVX2
+#if defined(I8_AVX2) || defined(I8_NEON) || defined(LOCALPAGED_I8_PLAIN)
     return w4_gemm_i8(x, packed, sb, y, 0, m_rows, k, n, gs, threads, 0);
 #else
     return w4_gemm_rows_f32(x, packed, sb, y, 0, m_rows, k, n, gs, threads);
