@@ -48,7 +48,7 @@ void silu_and_mul_rows_f32(const float *, float *, int, int, int);
 void rotary_rows_bf16(uint16_t *, long, int, uint16_t *, long, int, int, const float *, int, int);
 void rotary_rows_f32(float *, long, int, float *, long, int, int, const float *, int, int);
 
-#define MAX_BUFS 256
+#define MAX_BUFS 4096
 #define MAX_ARGS 16
 
 struct buf {

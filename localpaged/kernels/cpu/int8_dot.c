@@ -22,7 +22,9 @@
  * the activations into 16-bit sums per column (4-bit: eight pairs of K, at most 8 * 2 * 15 *
  * 127; 8-bit: one pair, at most 2 * 128 * 127), widened to int32 as AVX2 does; the scales are
  * applied with the plain-C code's operations in its order, so that a build which does not fuse
- * multiply-adds (GCC) gives the plain-C results bit for bit.
+ * multiply-adds (GCC) gives the plain-C results bit for bit. Where the compiler targets
+ * Armv8.2's dot products (`__ARM_FEATURE_DOTPROD`: Apple's clang by default, or
+ * -march=armv8.2-a+dotprod), `sdot` sums four values of K per column into int32 directly.
  */
 #include <math.h>
 #include <stdint.h>
@@ -254,6 +256,32 @@ static void q8_i8_tile(const int8_t *wp, const float *sp, const float *op, const
 
 #ifdef I8_NEON
 
+#ifdef __ARM_FEATURE_DOTPROD /* Armv8.2 `sdot` (Apple silicon, Graviton 2+, ...) */
+#define I8_DOTPROD 1
+
+/* The codes of four values of K (k0..k3, 16 columns each) as four vectors of four columns,
+ * each column's four codes adjacent: the operand order of `sdot`. */
+static inline void i8_columns4(int8x16_t k0, int8x16_t k1, int8x16_t k2, int8x16_t k3,
+                               int8x16_t w[4]) {
+    const int16x8_t a = vreinterpretq_s16_s8(vzip1q_s8(k0, k1));
+    const int16x8_t b = vreinterpretq_s16_s8(vzip2q_s8(k0, k1));
+    const int16x8_t c = vreinterpretq_s16_s8(vzip1q_s8(k2, k3));
+    const int16x8_t d = vreinterpretq_s16_s8(vzip2q_s8(k2, k3));
+    w[0] = vreinterpretq_s8_s16(vzip1q_s16(a, c));
+    w[1] = vreinterpretq_s8_s16(vzip2q_s16(a, c));
+    w[2] = vreinterpretq_s8_s16(vzip1q_s16(b, d));
+    w[3] = vreinterpretq_s8_s16(vzip2q_s16(b, d));
+}
+
+/* Four activations (or two, then two zeros) in every 32-bit lane. */
+static inline int8x16_t i8_x4(const int8_t *x, int four) {
+    const int8_t v[4] = {x[0], x[1], four ? x[2] : 0, four ? x[3] : 0};
+    int32_t w;
+    memcpy(&w, v, 4);
+    return vreinterpretq_s8_s32(vdupq_n_s32(w));
+}
+#endif
+
 /* w4_i8_tile_plain with NEON. */
 static void w4_i8_tile(const uint8_t *wp, const uint16_t *sbp, const int8_t *xq, const float *dx,
                        const float *xs, float *acc, int rows, int k, int gs) {
@@ -267,6 +295,20 @@ static void w4_i8_tile(const uint8_t *wp, const uint16_t *sbp, const int8_t *xq,
         int32x4_t dot[I8_ROWS][4];
         for (int m = 0; m < I8_ROWS; m++)
             for (int q = 0; q < 4; q++) dot[m][q] = vdupq_n_s32(0);
+#ifdef I8_DOTPROD
+        for (int p = 0; p < pairs; p += 2) {
+            const int two = p + 1 < pairs;
+            const uint8x16_t v0 = vld1q_u8(gp + p * I8_TILE);
+            const uint8x16_t v1 = two ? vld1q_u8(gp + (p + 1) * I8_TILE) : vdupq_n_u8(0);
+            int8x16_t w[4];
+            i8_columns4(vreinterpretq_s8_u8(vandq_u8(v0, low)), vreinterpretq_s8_u8(vshrq_n_u8(v0, 4)),
+                        vreinterpretq_s8_u8(vandq_u8(v1, low)), vreinterpretq_s8_u8(vshrq_n_u8(v1, 4)), w);
+            for (int m = 0; m < rows; m++) {
+                const int8x16_t xv = i8_x4(xq + (size_t)m * k + (size_t)g * gs + 2 * p, two);
+                for (int q = 0; q < 4; q++) dot[m][q] = vdotq_s32(dot[m][q], w[q], xv);
+            }
+        }
+#else
         for (int p0 = 0; p0 < pairs; p0 += 8) {
             int16x8_t d16[I8_ROWS][2];
             for (int m = 0; m < I8_ROWS; m++) d16[m][0] = d16[m][1] = vdupq_n_s16(0);
@@ -290,6 +332,7 @@ static void w4_i8_tile(const uint8_t *wp, const uint16_t *sbp, const int8_t *xq,
                     dot[m][2 * h + 1] = vaddw_s16(dot[m][2 * h + 1], vget_high_s16(d16[m][h]));
                 }
         }
+#endif
         const uint16_t *sp = sbp + (size_t)g * 2 * I8_TILE;
         for (int q = 0; q < 4; q++) {
             const float32x4_t s = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(sp + 4 * q)));
@@ -317,6 +360,21 @@ static void q8_i8_tile(const int8_t *wp, const float *sp, const float *op, const
         int32x4_t dot[I8_ROWS][4];
         for (int m = 0; m < I8_ROWS; m++)
             for (int q = 0; q < 4; q++) dot[m][q] = vdupq_n_s32(0);
+#ifdef I8_DOTPROD
+        const int end = (b + 1) * bs / 2;
+        for (int p = b * bs / 2; p < end; p += 2) {
+            const int two = p + 1 < end;
+            const int8_t *pp = wp + (size_t)p * 2 * I8_TILE;
+            int8x16_t w[4];
+            i8_columns4(vld1q_s8(pp), vld1q_s8(pp + I8_TILE),
+                        two ? vld1q_s8(pp + 2 * I8_TILE) : vdupq_n_s8(0),
+                        two ? vld1q_s8(pp + 3 * I8_TILE) : vdupq_n_s8(0), w);
+            for (int m = 0; m < rows; m++) {
+                const int8x16_t xv = i8_x4(xq + (size_t)m * k + 2 * p, two);
+                for (int q = 0; q < 4; q++) dot[m][q] = vdotq_s32(dot[m][q], w[q], xv);
+            }
+        }
+#else
         for (int p = b * bs / 2; p < (b + 1) * bs / 2; p++) {
             const int8x16_t c0 = vld1q_s8(wp + (size_t)p * 2 * I8_TILE);
             const int8x16_t c1 = vld1q_s8(wp + (size_t)p * 2 * I8_TILE + I8_TILE);
@@ -331,6 +389,7 @@ static void q8_i8_tile(const int8_t *wp, const float *sp, const float *op, const
                 dot[m][3] = vaddw_s16(dot[m][3], vget_high_s16(h));
             }
         }
+#endif
         for (int q = 0; q < 4; q++) {
             const float32x4_t s = vld1q_f32(sp + (size_t)b * I8_TILE + 4 * q);
             const float32x4_t o = op != NULL ? vld1q_f32(op + (size_t)b * I8_TILE + 4 * q)
@@ -350,10 +409,12 @@ static void q8_i8_tile(const int8_t *wp, const float *sp, const float *op, const
 #endif
 
 /* Whether this build multiplies float32 activations through int8 dot products (1: AVX2,
- * 2: NEON). */
+ * 2: NEON, 3: NEON with `sdot`). */
 int i8_dot_isa(void) {
 #if defined(I8_AVX2)
     return 1;
+#elif defined(I8_DOTPROD)
+    return 3;
 #elif defined(I8_NEON)
     return 2;
 #else
