@@ -3,7 +3,7 @@ from the CPU's feature flags, overridable with `LOCALPAGED_CPU_ISA` (never above
 
 | variant      | compiled for                         | CPUs (examples)                       |
 | ------------ | ------------------------------------ | ------------------------------------- |
-| `generic`    | the plain C code, baseline flags     | any (ARM: the compiler's NEON)        |
+| `generic`    | the plain C code, baseline flags     | any (aarch64: + NEON int8 dot product)|
 | `avx2`       | AVX2 + FMA (`-march=haswell`)        | Intel Core since 2013, AMD Zen 1-3    |
 | `avx512`     | AVX-512F/BW/DQ/VL (skylake-avx512)   | Skylake-SP .. Ice Lake servers        |
 | `avx512bf16` | + AVX512-BF16, VNNI (`cooperlake`)   | AMD Zen 4/5, Intel Cooper Lake        |

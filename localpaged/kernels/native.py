@@ -4,7 +4,12 @@ The library is compiled once per machine and CPU variant (`cpu_isa`: generic, av
 avx512bf16, amx; the best one the CPU has unless `LOCALPAGED_CPU_ISA` says otherwise) with the
 system C compiler (`$CC`, else `cc`), cached under the user cache folder, and called through
 ctypes. The compiled library links OpenMP by its usual name, `libgomp.so.1`, which torch has
-loaded already: kernels run on torch's own thread pool, never beside a second one.
+loaded already: kernels run on torch's own thread pool, never beside a second one. A compiler
+without OpenMP (Apple's clang) builds the same loops without it: one thread per call.
+
+On ARM (aarch64 Linux, Apple silicon) only the `generic` variant exists: plain C built for the
+compiler's baseline target (NEON on aarch64), no x86 flags. `scripts/check_arm.py` cross-builds
+it and runs the kernels under qemu.
 
 Without a compiler `load` returns None, after one line on stderr saying what is slower and what
 to install; callers then use torch's ops, as they do with `LOCALPAGED_CPU_KERNELS=off`.
@@ -25,7 +30,8 @@ from localpaged.kernels import cpu_isa
 
 SOURCES = Path(__file__).parent / "cpu"
 ALL = "all"  # the library of every kernel: cpu/all.c includes the others
-FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=c11")
+OPENMP = "-fopenmp"  # dropped where the compiler has no OpenMP (see `build`)
+FLAGS = ("-O3", OPENMP, "-shared", "-fPIC", "-std=c11")
 
 _loaded: dict[tuple[str, str], ctypes.CDLL | None] = {}
 
@@ -41,6 +47,7 @@ SIGNATURES: dict[str, tuple[list[type], type | None]] = {
     "w4_i8_gemm_f32": ([_P] * 4 + [_I] * 6, _I),
     "q8_gemm_f32": ([_P] * 5 + [_I] * 6, _I),
     "w4q_gemm_f32": ([_P] * 4 + [_I] * 6, _I),
+    "w4q_vector": ([], _I),
     "w4_pairs_to_quads": ([_P, _P, _L, _I, _I], None),
     "i8_dot_isa": ([], _I),
     "paged_decode_bf16": ([_P] * 4 + [_I, _P, _P] + [_I] * 5 + [_F, _I], _I),
@@ -80,6 +87,11 @@ def has_compiler() -> bool:
     return _compiler() is not None
 
 
+def _first_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[0] if lines else "no message"
+
+
 def build(name: str, isa: str) -> Path:
     """Compile `cpu/<name>.c` for the CPU variant `isa` (if not cached) and return the
     library's path. Raises RuntimeError with the compiler's message if it cannot be built."""
@@ -103,6 +115,17 @@ def build(name: str, isa: str) -> Path:
     os.close(fd)
     try:
         done = subprocess.run([cc, *flags, str(source), "-o", tmp], capture_output=True, text=True)
+        if done.returncode != 0 and OPENMP in flags:
+            # Apple's clang has no OpenMP (and a clang without libomp cannot link it): the
+            # same loops run single-threaded per call. Kept under the same name, since the
+            # same compiler gives the same answer next time.
+            bare = [f for f in flags if f != OPENMP]
+            again = subprocess.run([cc, *bare, str(source), "-o", tmp], capture_output=True,
+                                   text=True)
+            if again.returncode == 0:
+                print(f"localpaged: {cc} cannot build with OpenMP, so each CPU kernel call "
+                      f"runs on one thread ({_first_line(done.stderr)})", file=sys.stderr)
+                done = again
         if done.returncode != 0:
             raise RuntimeError(f"{cc} could not compile {source.name}:\n{done.stderr.strip()}")
         os.replace(tmp, target)

@@ -15,7 +15,7 @@ it again every 4 rows.
 * 8-bit per block of 32 (GGUF Q8_0): the same code tiles, float16 scales `[N/16, K/32, 16]`.
 
 Float32 activations go through int8 dot products where the build has them
-(`int8_activations()`: AVX2 and up): each row of x is quantized to int8 per block (the 4-bit
+(`int8_activations()`: AVX2 and up, NEON on aarch64): each row of x is quantized to int8 per block (the 4-bit
 weight's group, or Q8_0's 32), as llama.cpp does, `kernels/cpu/int8_dot.c`.
 """
 
@@ -85,6 +85,13 @@ def fits_quads(packed: torch.Tensor, sb: torch.Tensor) -> bool:
     group size multiples of 4)."""
     k = packed.shape[1] * 2
     return k % 4 == 0 and (k // sb.shape[1]) % 4 == 0
+
+
+def quads_wanted() -> bool:
+    """Whether float32 layers take the quads layout here: the build has int8 activations and
+    vector loops for that layout (AVX2 and up; NEON has them for the pairs layout only)."""
+    lib = native.library()
+    return lib is not None and bool(lib.i8_dot_isa()) and bool(lib.w4q_vector())
 
 
 def to_quads(packed: torch.Tensor) -> torch.Tensor:

@@ -129,7 +129,7 @@ class QuantLinear(nn.Module):
         self.qweight = self.scales = self.zeros = None
         if own:  # GGUF blocks go straight to the kernel's layout (the same bytes)
             packed, self.w4_sb = given.cpu_w4_pack() if parts else cpu_w4.pack(given)
-            if (self.dtype == torch.float32 and cpu_w4.int8_activations()
+            if (self.dtype == torch.float32 and cpu_w4.quads_wanted()
                     and cpu_w4.fits_quads(packed, self.w4_sb)):
                 packed = cpu_w4.to_quads(packed)  # what the int8 kernel reads fastest
             self.w4_packed = packed

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
+from pathlib import Path
+
 import pytest
 
 from localpaged.kernels import cpu_isa
@@ -60,3 +63,40 @@ def test_the_environment_picks_a_variant_but_never_above_the_cpu(
 def test_this_machine_runs_its_best_variant_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(cpu_isa.ENV, raising=False)
     assert cpu_isa.chosen() == cpu_isa.best() == cpu_isa.supported()[-1]
+
+
+@pytest.mark.parametrize("machine", ["aarch64", "arm64"])
+def test_an_arm_host_builds_the_generic_variant_without_x86_flags(
+        monkeypatch: pytest.MonkeyPatch, machine: str) -> None:
+    monkeypatch.setattr(cpu_isa.platform, "machine", lambda: machine)
+    monkeypatch.delenv(cpu_isa.ENV, raising=False)
+    assert not cpu_isa.is_x86()
+    assert cpu_isa.chosen() == "generic"
+    assert cpu_isa.compile_flags("generic") == ()
+    monkeypatch.setenv(cpu_isa.ENV, "avx2")
+    with pytest.raises(ValueError, match="not an x86 CPU"):
+        cpu_isa.chosen()
+
+
+def test_a_compiler_without_openmp_builds_without_it(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Apple's clang rejects -fopenmp: the library is built without it (one thread per call)."""
+    from localpaged.kernels import native
+
+    real = native._compiler()
+    if real is None:
+        pytest.skip("no C compiler here")
+    sources = tmp_path / "src"
+    sources.mkdir()
+    (sources / "tiny.c").write_text("int tiny(void) { return 7; }\n")
+    fake = tmp_path / "cc-no-openmp"
+    fake.write_text("#!/bin/sh\n"
+                    'for a in "$@"; do [ "$a" = -fopenmp ] && '
+                    '{ echo "clang: error: unsupported option -fopenmp" >&2; exit 1; }; done\n'
+                    f'exec {real} "$@"\n')
+    fake.chmod(0o755)
+    monkeypatch.setattr(native, "SOURCES", sources)
+    monkeypatch.setenv("LOCALPAGED_KERNEL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("CC", str(fake))
+    lib = ctypes.CDLL(str(native.build("tiny", "generic")))
+    assert lib.tiny() == 7

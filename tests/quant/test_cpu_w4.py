@@ -191,7 +191,8 @@ def test_float32_layers_take_the_kernel_where_it_holds_the_weight(cpu_variant: s
     other = QuantLinear.from_int4(awq_like, None, torch.float32, "cpu")
     int8 = cpu_w4.int8_activations()
     assert own.w4_packed is not None
-    assert cpu_w4.is_quads(own.w4_packed) == int8  # the int8 kernel's own layout
+    assert cpu_w4.is_quads(own.w4_packed) == cpu_w4.quads_wanted()  # the int8 kernel's own
+    assert cpu_w4.quads_wanted() == (cpu_variant != "generic")  # x86 builds: from AVX2 up
     assert (other.w4_packed is not None) == int8 and (other.qweight is not None) != int8
     x = torch.randn(3, 64, generator=g)
     for layer, w in ((own, gguf_like), (other, awq_like)):

@@ -25,6 +25,14 @@
  * `vpmaddwd` on 16-bit values. The plain-C versions of both compute the same integers; they
  * are the reference the tests hold the vector code to, and the path of other CPUs' builds
  * that call them.
+ *
+ * NEON (aarch64, every build: NEON is its baseline): `smlal` multiplies the codes (int8) with
+ * the activations into 16-bit sums per column (4-bit: eight pairs of K, at most 8 * 2 * 15 *
+ * 127; 8-bit: one pair, at most 2 * 128 * 127), widened to int32 as AVX2 does; the scales are
+ * applied with the plain-C code's operations in its order, so that a build which does not fuse
+ * multiply-adds (GCC) gives the plain-C results bit for bit. Where the compiler targets
+ * Armv8.2's dot products (`__ARM_FEATURE_DOTPROD`: Apple's clang by default, or
+ * -march=armv8.2-a+dotprod), `sdot` sums four values of K per column into int32 directly.
  */
 #include <math.h>
 #include <stdint.h>
@@ -35,6 +43,9 @@
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
 #define I8_AVX2 1
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+#include <arm_neon.h>
+#define I8_NEON 1
 #endif
 
 #define I8_TILE 16
@@ -345,10 +356,179 @@ static void q8_i8_tile(const int8_t *wp, const float *sp, const float *op, const
 }
 #endif
 
-/* Whether this build multiplies float32 activations through int8 dot products (1: AVX2). */
-int i8_dot_isa(void) {
+#ifdef I8_NEON
+
+#ifdef __ARM_FEATURE_DOTPROD /* Armv8.2 `sdot` (Apple silicon, Graviton 2+, ...) */
+#define I8_DOTPROD 1
+
+/* The codes of four values of K (k0..k3, 16 columns each) as four vectors of four columns,
+ * each column's four codes adjacent: the operand order of `sdot`. */
+static inline void i8_columns4(int8x16_t k0, int8x16_t k1, int8x16_t k2, int8x16_t k3,
+                               int8x16_t w[4]) {
+    const int16x8_t a = vreinterpretq_s16_s8(vzip1q_s8(k0, k1));
+    const int16x8_t b = vreinterpretq_s16_s8(vzip2q_s8(k0, k1));
+    const int16x8_t c = vreinterpretq_s16_s8(vzip1q_s8(k2, k3));
+    const int16x8_t d = vreinterpretq_s16_s8(vzip2q_s8(k2, k3));
+    w[0] = vreinterpretq_s8_s16(vzip1q_s16(a, c));
+    w[1] = vreinterpretq_s8_s16(vzip2q_s16(a, c));
+    w[2] = vreinterpretq_s8_s16(vzip1q_s16(b, d));
+    w[3] = vreinterpretq_s8_s16(vzip2q_s16(b, d));
+}
+
+/* Four activations (or two, then two zeros) in every 32-bit lane. */
+static inline int8x16_t i8_x4(const int8_t *x, int four) {
+    const int8_t v[4] = {x[0], x[1], four ? x[2] : 0, four ? x[3] : 0};
+    int32_t w;
+    memcpy(&w, v, 4);
+    return vreinterpretq_s8_s32(vdupq_n_s32(w));
+}
+#endif
+
+/* w4_i8_tile_plain with NEON. */
+static void w4_i8_tile(const uint8_t *wp, const uint16_t *sbp, const int8_t *xq, const float *dx,
+                       const float *xs, float *acc, int rows, int k, int gs) {
+    const int groups = k / gs, pairs = gs / 2;
+    const uint8x16_t low = vdupq_n_u8(15);
+    float32x4_t out[I8_ROWS][4];
+    for (int m = 0; m < I8_ROWS; m++)
+        for (int q = 0; q < 4; q++) out[m][q] = vdupq_n_f32(0.f);
+    for (int g = 0; g < groups; g++) {
+        const uint8_t *gp = wp + (size_t)g * pairs * I8_TILE;
+        int32x4_t dot[I8_ROWS][4];
+        for (int m = 0; m < I8_ROWS; m++)
+            for (int q = 0; q < 4; q++) dot[m][q] = vdupq_n_s32(0);
+#ifdef I8_DOTPROD
+        for (int p = 0; p < pairs; p += 2) {
+            const int two = p + 1 < pairs;
+            const uint8x16_t v0 = vld1q_u8(gp + p * I8_TILE);
+            const uint8x16_t v1 = two ? vld1q_u8(gp + (p + 1) * I8_TILE) : vdupq_n_u8(0);
+            int8x16_t w[4];
+            i8_columns4(vreinterpretq_s8_u8(vandq_u8(v0, low)), vreinterpretq_s8_u8(vshrq_n_u8(v0, 4)),
+                        vreinterpretq_s8_u8(vandq_u8(v1, low)), vreinterpretq_s8_u8(vshrq_n_u8(v1, 4)), w);
+            for (int m = 0; m < rows; m++) {
+                const int8x16_t xv = i8_x4(xq + (size_t)m * k + (size_t)g * gs + 2 * p, two);
+                for (int q = 0; q < 4; q++) dot[m][q] = vdotq_s32(dot[m][q], w[q], xv);
+            }
+        }
+#else
+        for (int p0 = 0; p0 < pairs; p0 += 8) {
+            int16x8_t d16[I8_ROWS][2];
+            for (int m = 0; m < I8_ROWS; m++) d16[m][0] = d16[m][1] = vdupq_n_s16(0);
+            const int end = p0 + 8 < pairs ? p0 + 8 : pairs;
+            for (int p = p0; p < end; p++) {
+                const uint8x16_t v = vld1q_u8(gp + p * I8_TILE);
+                const int8x16_t lo = vreinterpretq_s8_u8(vandq_u8(v, low));
+                const int8x16_t hi = vreinterpretq_s8_u8(vshrq_n_u8(v, 4));
+                for (int m = 0; m < rows; m++) {
+                    const int8_t *xm = xq + (size_t)m * k + (size_t)g * gs + 2 * p;
+                    const int8x8_t x0 = vdup_n_s8(xm[0]), x1 = vdup_n_s8(xm[1]);
+                    d16[m][0] = vmlal_s8(d16[m][0], vget_low_s8(lo), x0);
+                    d16[m][0] = vmlal_s8(d16[m][0], vget_low_s8(hi), x1);
+                    d16[m][1] = vmlal_s8(d16[m][1], vget_high_s8(lo), x0);
+                    d16[m][1] = vmlal_s8(d16[m][1], vget_high_s8(hi), x1);
+                }
+            }
+            for (int m = 0; m < rows; m++)
+                for (int h = 0; h < 2; h++) {
+                    dot[m][2 * h] = vaddw_s16(dot[m][2 * h], vget_low_s16(d16[m][h]));
+                    dot[m][2 * h + 1] = vaddw_s16(dot[m][2 * h + 1], vget_high_s16(d16[m][h]));
+                }
+        }
+#endif
+        const uint16_t *sp = sbp + (size_t)g * 2 * I8_TILE;
+        for (int q = 0; q < 4; q++) {
+            const float32x4_t s = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(sp + 4 * q)));
+            const float32x4_t b = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(sp + I8_TILE + 4 * q)));
+            for (int m = 0; m < rows; m++) {
+                const float d = dx[(size_t)m * groups + g], sx = xs[(size_t)m * groups + g];
+                /* acc += s * (d * dot) + b * sx, rounded as the plain C */
+                const float32x4_t t = vmulq_f32(s, vmulq_n_f32(vcvtq_f32_s32(dot[m][q]), d));
+                out[m][q] = vaddq_f32(out[m][q], vaddq_f32(t, vmulq_n_f32(b, sx)));
+            }
+        }
+    }
+    for (int m = 0; m < rows; m++)
+        for (int q = 0; q < 4; q++) vst1q_f32(acc + m * I8_TILE + 4 * q, out[m][q]);
+}
+
+/* q8_i8_tile_plain with NEON. */
+static void q8_i8_tile(const int8_t *wp, const float *sp, const float *op, const int8_t *xq,
+                       const float *dx, const float *xs, float *acc, int rows, int k, int bs) {
+    const int blocks = k / bs;
+    float32x4_t out[I8_ROWS][4];
+    for (int m = 0; m < I8_ROWS; m++)
+        for (int q = 0; q < 4; q++) out[m][q] = vdupq_n_f32(0.f);
+    for (int b = 0; b < blocks; b++) {
+        int32x4_t dot[I8_ROWS][4];
+        for (int m = 0; m < I8_ROWS; m++)
+            for (int q = 0; q < 4; q++) dot[m][q] = vdupq_n_s32(0);
+#ifdef I8_DOTPROD
+        const int end = (b + 1) * bs / 2;
+        for (int p = b * bs / 2; p < end; p += 2) {
+            const int two = p + 1 < end;
+            const int8_t *pp = wp + (size_t)p * 2 * I8_TILE;
+            int8x16_t w[4];
+            i8_columns4(vld1q_s8(pp), vld1q_s8(pp + I8_TILE),
+                        two ? vld1q_s8(pp + 2 * I8_TILE) : vdupq_n_s8(0),
+                        two ? vld1q_s8(pp + 3 * I8_TILE) : vdupq_n_s8(0), w);
+            for (int m = 0; m < rows; m++) {
+                const int8x16_t xv = i8_x4(xq + (size_t)m * k + 2 * p, two);
+                for (int q = 0; q < 4; q++) dot[m][q] = vdotq_s32(dot[m][q], w[q], xv);
+            }
+        }
+#else
+        for (int p = b * bs / 2; p < (b + 1) * bs / 2; p++) {
+            const int8x16_t c0 = vld1q_s8(wp + (size_t)p * 2 * I8_TILE);
+            const int8x16_t c1 = vld1q_s8(wp + (size_t)p * 2 * I8_TILE + I8_TILE);
+            for (int m = 0; m < rows; m++) {
+                const int8_t *xm = xq + (size_t)m * k + 2 * p;
+                const int8x8_t x0 = vdup_n_s8(xm[0]), x1 = vdup_n_s8(xm[1]);
+                const int16x8_t l = vmlal_s8(vmull_s8(vget_low_s8(c0), x0), vget_low_s8(c1), x1);
+                const int16x8_t h = vmlal_s8(vmull_s8(vget_high_s8(c0), x0), vget_high_s8(c1), x1);
+                dot[m][0] = vaddw_s16(dot[m][0], vget_low_s16(l));
+                dot[m][1] = vaddw_s16(dot[m][1], vget_high_s16(l));
+                dot[m][2] = vaddw_s16(dot[m][2], vget_low_s16(h));
+                dot[m][3] = vaddw_s16(dot[m][3], vget_high_s16(h));
+            }
+        }
+#endif
+        for (int q = 0; q < 4; q++) {
+            const float32x4_t s = vld1q_f32(sp + (size_t)b * I8_TILE + 4 * q);
+            const float32x4_t o = op != NULL ? vld1q_f32(op + (size_t)b * I8_TILE + 4 * q)
+                                             : vdupq_n_f32(0.f);
+            for (int m = 0; m < rows; m++) {
+                /* a += s * (dx * dot); a += o * xs: rounded as the plain C */
+                const float32x4_t t = vmulq_n_f32(vcvtq_f32_s32(dot[m][q]), dx[(size_t)m * blocks + b]);
+                out[m][q] = vaddq_f32(out[m][q], vmulq_f32(s, t));
+                if (op != NULL)
+                    out[m][q] = vaddq_f32(out[m][q], vmulq_n_f32(o, xs[(size_t)m * blocks + b]));
+            }
+        }
+    }
+    for (int m = 0; m < rows; m++)
+        for (int q = 0; q < 4; q++) vst1q_f32(acc + m * I8_TILE + 4 * q, out[m][q]);
+}
+#endif
+
+/* Whether this build has vector loops for the quads layout (else float32 layers keep the
+ * pairs layout, whose vector loops it has: NEON). */
+int w4q_vector(void) {
 #ifdef I8_AVX2
     return 1;
+#else
+    return 0;
+#endif
+}
+
+/* Whether this build multiplies float32 activations through int8 dot products (1: AVX2,
+ * 2: NEON, 3: NEON with `sdot`). */
+int i8_dot_isa(void) {
+#if defined(I8_AVX2)
+    return 1;
+#elif defined(I8_DOTPROD)
+    return 3;
+#elif defined(I8_NEON)
+    return 2;
 #else
     return 0;
 #endif
@@ -384,7 +564,10 @@ static int w4_gemm_i8(const float *x, const uint8_t *packed, const uint16_t *sb,
 #ifdef I8_AVX2
             if (!plain && quads)
                 w4q_i8_tile(wp, sbp, xm, dm, sm, acc, rows, k, gs);
-            else if (!plain)
+            else
+#endif
+#if defined(I8_AVX2) || defined(I8_NEON)
+            if (!plain && !quads)
                 w4_i8_tile(wp, sbp, xm, dm, sm, acc, rows, k, gs);
             else
 #endif
@@ -437,9 +620,13 @@ int q8_gemm_f32(const float *x, const int8_t *codes, const float *scales, const 
         for (int m0 = 0; m0 < m_rows; m0 += I8_ROWS) {
             const int rows = m_rows - m0 < I8_ROWS ? m_rows - m0 : I8_ROWS;
             const float *dm = dx + (size_t)m0 * blocks, *sm = xs + (size_t)m0 * blocks;
-#ifdef I8_AVX2
+#if defined(I8_AVX2)
             if (!plain)
                 q8_i8_tile(wp, sp, op, x16 + (size_t)m0 * k, dm, sm, acc, rows, k, bs);
+            else
+#elif defined(I8_NEON)
+            if (!plain)
+                q8_i8_tile(wp, sp, op, xq + (size_t)m0 * k, dm, sm, acc, rows, k, bs);
             else
 #endif
                 q8_i8_tile_plain(wp, sp, op, xq + (size_t)m0 * k, dm, sm, acc, rows, k, bs);

@@ -29,7 +29,6 @@
 #include <string.h>
 
 #include "bf16.h"
-#include <omp.h>
 
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
 #include <immintrin.h>
@@ -148,7 +147,11 @@ static void tile_rows_bf16(const uint8_t *wp, const uint16_t *sbp, const uint16_
 /* GCC 12's vectorizer, left to choose, vectorized these row loops so that they read past the
  * rows of x (a segfault where x ended a thread's heap): only the `omp simd` loops over the 16
  * columns are vectorized. */
+#ifdef __clang__ /* clang has no `optimize` attribute (and not GCC 12's vectorizer) */
+#define PLAIN_ROWS __attribute__((noinline))
+#else
 #define PLAIN_ROWS __attribute__((noinline, optimize("no-tree-vectorize")))
+#endif
 
 /* Plain C, on float rows: for each pair of K, the two codes of the 16 columns become floats
  * once, then every row takes its two products; per group, the scale and offset are applied. */
@@ -223,6 +226,11 @@ static int w4_gemm_rows_f32(const float *x, const uint8_t *packed, const uint16_
 #define AMX_MIN_ROWS 3
 #include <sys/syscall.h>
 #include <unistd.h>
+#ifdef _OPENMP
+#include <omp.h>
+#else /* built without OpenMP: the pragmas are ignored, one thread per call */
+static inline int omp_get_thread_num(void) { return 0; }
+#endif
 
 /* Linux hands out AMX state only on request, once per process. */
 static int amx_allowed(void) {
@@ -398,10 +406,12 @@ int w4_gemm_bf16(const uint16_t *x, const uint8_t *packed, const uint16_t *sb, u
 }
 
 /* The same for float32 x and y (CPUs without native bf16 compute in float32): through int8
- * activations where the build has integer dot products (int8_dot.c), else in float32. */
+ * activations where the build has integer dot products (int8_dot.c), else in float32.
+ * (LOCALPAGED_I8_PLAIN takes the int8 path in plain C on any build: scripts/check_arm.py's
+ * x86 reference for the NEON build.) */
 int w4_gemm_f32(const float *x, const uint8_t *packed, const uint16_t *sb, float *y,
                 int m_rows, int k, int n, int gs, int threads) {
-#ifdef I8_AVX2
+#if defined(I8_AVX2) || defined(I8_NEON) || defined(LOCALPAGED_I8_PLAIN)
     return w4_gemm_i8(x, packed, sb, y, 0, m_rows, k, n, gs, threads, 0, 0);
 #else
     return w4_gemm_rows_f32(x, packed, sb, y, 0, m_rows, k, n, gs, threads);
