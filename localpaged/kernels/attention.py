@@ -85,6 +85,27 @@ def select_requests(meta: AttentionMetadata, requests: list[int]
     return sub, rows_t
 
 
+def token_rows(meta: AttentionMetadata) -> AttentionMetadata:
+    """`meta` with each query token a request of its own (one query row each): the same
+    table, and a context ending at the token's own position. Attention over it equals
+    `meta`'s causal attention, provided every new token's K/V is in the cache before any
+    row attends (as the native decode layer does: all rows' K/V first, then attention)."""
+    starts = meta.query_start_loc
+    lens = (starts[1:] - starts[:-1]).long()
+    owner = torch.repeat_interleave(torch.arange(lens.numel(), device=starts.device), lens)
+    # token j of a request of q tokens sees its context up to seq_len - (q - 1 - j)
+    offset_from_end = torch.arange(owner.numel(), device=starts.device) - starts[:-1].long()[owner]
+    seq_lens = meta.seq_lens[owner] - (lens[owner] - 1 - offset_from_end).to(meta.seq_lens.dtype)
+    return AttentionMetadata(
+        slot_mapping=meta.slot_mapping,
+        block_tables=meta.block_tables.index_select(0, owner),
+        seq_lens=seq_lens,
+        query_start_loc=torch.arange(owner.numel() + 1, dtype=starts.dtype, device=starts.device),
+        max_query_len=1 if owner.numel() else 0,
+        max_seq_len=meta.max_seq_len,
+    )
+
+
 def _additive_mask(hidden: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """0 where a key is seen, -inf where `hidden` (SDPA reads this faster than a bool mask)."""
     return torch.zeros(hidden.shape, dtype=dtype, device=hidden.device).masked_fill(

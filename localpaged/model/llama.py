@@ -21,11 +21,14 @@ from localpaged.kernels import (
     silu_and_mul,
     write_kv,
 )
-from localpaged.kernels.attention import select_requests
+from localpaged.kernels.attention import select_requests, token_rows
 from localpaged.model.config import ModelConfig
 from localpaged.model.rope import build_cos_sin
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
+# Prompt chunks up to this many tokens take the native decode plan, one row per token (see
+# `_run_mixed`); longer ones the torch layers, whose batched attention scales better.
+NATIVE_MAX_QUERY = 64
 
 
 def fuse_linears(layers: list[nn.Module]) -> nn.Module:
@@ -268,24 +271,28 @@ class LlamaForCausalLM(nn.Module):
 
     def _run_mixed(self, h: torch.Tensor, positions: torch.Tensor, kv_caches: list[KVCache],
                    meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(output, residual) of the last layer for a step of decodes and prompt chunks: the
-        rows of one query token through the native decode plan, exactly as in a step of their
-        own, and the chunks through the torch layers as a batch of their own. None when the
-        step has no decode row or the plan cannot run it."""
+        """(output, residual) of the last layer for a step with prompt chunks: decodes and
+        chunks of up to NATIVE_MAX_QUERY tokens through the native decode plan (each chunk
+        token a row of its own, `token_rows`: no torch fixed cost per layer for a follow-up
+        turn or a chunk beside decodes), longer chunks through the torch layers as a batch of
+        their own. None when no request is short enough or the plan cannot run it."""
         starts = meta.query_start_loc.tolist()
-        single = [i for i in range(len(starts) - 1) if starts[i + 1] - starts[i] == 1]
-        if not single:
+        lens = [starts[i + 1] - starts[i] for i in range(len(starts) - 1)]
+        short = [i for i, n in enumerate(lens) if n <= NATIVE_MAX_QUERY]
+        if not short:
             return None
-        longer = [i for i in range(len(starts) - 1) if starts[i + 1] - starts[i] > 1]
-        dec_meta, dec_rows = select_requests(meta, single)
-        done = self.cpu_decode.run(h.index_select(0, dec_rows), positions.index_select(0, dec_rows),
-                                   self.cos_sin, kv_caches, dec_meta)
+        longer = [i for i, n in enumerate(lens) if n > NATIVE_MAX_QUERY]
+        nat_meta, nat_rows = select_requests(meta, short)
+        done = self.cpu_decode.run(h.index_select(0, nat_rows), positions.index_select(0, nat_rows),
+                                   self.cos_sin, kv_caches, token_rows(nat_meta))
         if done is None:
             return None
+        if not longer:
+            return _merge_rows(h.shape[0], (nat_rows, done))
         pre_meta, pre_rows = select_requests(meta, longer)
         pre = self._run_layers(h.index_select(0, pre_rows), positions.index_select(0, pre_rows),
                                kv_caches, pre_meta)
-        return _merge_rows(h.shape[0], (dec_rows, done), (pre_rows, pre))
+        return _merge_rows(h.shape[0], (nat_rows, done), (pre_rows, pre))
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

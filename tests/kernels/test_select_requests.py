@@ -1,5 +1,6 @@
 """`select_requests`: a subset of a step's requests as a batch of their own, against the same
-requests' metadata built from scratch and against the whole batch's attention."""
+requests' metadata built from scratch and against the whole batch's attention; `token_rows`:
+each query token a decode row of its own, against the causal attention of the chunks."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from localpaged.kernels.attention import (
     AttentionMetadata,
     paged_attention_torch,
     select_requests,
+    token_rows,
 )
 from localpaged.kernels.testing import make_paged_batch
 
@@ -56,3 +58,23 @@ def test_sub_batch_metadata_and_attention(requests: list[int]) -> None:
     whole = paged_attention_torch(query, k_cache, v_cache, full, 0.25)
     alone = paged_attention_torch(query[rows], k_cache, v_cache, sub, 0.25)
     torch.testing.assert_close(alone, whole[rows], atol=1e-5, rtol=1e-5)
+
+
+def test_token_rows_attend_as_the_chunks_do() -> None:
+    """Each query token as a decode row (the native plan's view of a prompt chunk): a context
+    ending at its own position, its request's table and slot; attention equal to the
+    chunks' causal attention."""
+    query, k_cache, v_cache, full = make_paged_batch(Q_LENS, SEQ_LENS, 4, 2, 16, BS, seed=5)
+    rows = token_rows(full)
+    n = sum(Q_LENS)
+    assert rows.is_decode_only and rows.num_seqs == n
+    assert rows.seq_lens.dtype == full.seq_lens.dtype
+    want_lens = [s - (q - 1 - j) for q, s in zip(Q_LENS, SEQ_LENS) for j in range(q)]
+    assert rows.seq_lens.tolist() == want_lens
+    owners = [i for i, q in enumerate(Q_LENS) for _ in range(q)]
+    assert torch.equal(rows.block_tables, full.block_tables[owners])
+    assert torch.equal(rows.slot_mapping, full.slot_mapping)
+    assert rows.query_start_loc.tolist() == list(range(n + 1))
+    whole = paged_attention_torch(query, k_cache, v_cache, full, 0.25)
+    one_by_one = paged_attention_torch(query, k_cache, v_cache, rows, 0.25)
+    torch.testing.assert_close(one_by_one, whole, atol=1e-5, rtol=1e-5)

@@ -13,6 +13,7 @@ import torch
 
 from localpaged.kernels import native
 from localpaged.kernels.decode_layer import CpuDecodePlan
+from localpaged.model import llama
 from localpaged.model.loader import load_model
 from localpaged.model.optimize import optimize_for_inference
 
@@ -87,7 +88,6 @@ def _check_mixed_step(model: torch.nn.Module, step_builder: Callable) -> None:
     ours = torch.log_softmax(model.compute_logits(mixed), -1)
     ref = torch.log_softmax(model.compute_logits(reference), -1)
     top = ref.argmax(-1)
-    assert torch.equal(ours.argmax(-1), top)
     gap = (ours.gather(1, top[:, None]) - ref.gather(1, top[:, None])).abs().max()
     # bf16, or float32 with int8 activations (a last-bit difference can move a code by a
     # step): rounding noise; plain float32: the order of sums only.
@@ -95,7 +95,12 @@ def _check_mixed_step(model: torch.nn.Module, step_builder: Callable) -> None:
 
     noisy = model.dtype == torch.bfloat16 or cpu_w4.int8_activations()
     int8 = model.dtype == torch.float32 and noisy
-    assert gap < (0.4 if int8 else 0.15 if noisy else 1e-3), gap  # int8: see test_optimize
+    tolerance = 0.4 if int8 else 0.15 if noisy else 1e-3  # int8: see test_optimize
+    assert gap < tolerance, gap
+    # The same top token, except at a near-tie of the reference (within the tolerance).
+    picked = ours.argmax(-1)
+    ties = ref.gather(1, top[:, None]) - ref.gather(1, picked[:, None])
+    assert bool((ties[picked != top] < tolerance).all()), ties[picked != top]
     # The torch reference differs from the native path only in the order of sums, so the
     # decode rows' KV is close to it; the chunks' rows are the same computation.
     for (k, v), (k2, v2) in zip(mixed_caches, torch_caches, strict=True):
@@ -111,9 +116,14 @@ def _check_mixed_step(model: torch.nn.Module, step_builder: Callable) -> None:
         torch.testing.assert_close(v, v2, **tol)
 
 
+@pytest.mark.parametrize("native_max", [64, 8], ids=["chunks-native", "chunks-torch"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "f32"])
 def test_mixed_step_splits_decodes_and_chunks_on_a_4bit_qwen2(
-        tiny_qwen2: Path, step_builder: Callable, to_4bit: Callable, dtype: torch.dtype) -> None:
+        tiny_qwen2: Path, step_builder: Callable, to_4bit: Callable, dtype: torch.dtype,
+        native_max: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chunks of up to NATIVE_MAX_QUERY tokens through the native plan (one row per token),
+    longer ones through the torch layers: both exact against their own steps."""
+    monkeypatch.setattr(llama, "NATIVE_MAX_QUERY", native_max)
     model, _ = load_model(tiny_qwen2, dtype=dtype)
     to_4bit(model)
     optimize_for_inference(model, torch.device("cpu"))
