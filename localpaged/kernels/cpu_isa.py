@@ -5,9 +5,15 @@ from the CPU's feature flags, overridable with `LOCALPAGED_CPU_ISA` (never above
 | ------------ | ------------------------------------ | ------------------------------------- |
 | `generic`    | the plain C code, baseline flags     | any (aarch64: + NEON int8 dot product)|
 | `avx2`       | AVX2 + FMA (`-march=haswell`)        | Intel Core since 2013, AMD Zen 1-3    |
-| `avx512`     | AVX-512F/BW/DQ/VL (skylake-avx512)   | Skylake-SP .. Ice Lake servers        |
+| `avx2vnni`   | + AVX-VNNI (`-mavxvnni`)             | Intel Core 12th gen (Alder Lake) on   |
+| `avx512`     | AVX-512F/BW/DQ/VL (skylake-avx512)   | Skylake-SP/X                          |
+| `avx512vnni` | + AVX512-VNNI (`cascadelake`)        | Cascade Lake, Ice Lake, Tiger Lake    |
 | `avx512bf16` | + AVX512-BF16, VNNI (`cooperlake`)   | AMD Zen 4/5, Intel Cooper Lake        |
 | `amx`        | + AMX tiles (bf16)                   | Intel Sapphire Rapids and later       |
+
+The VNNI variants matter where activations are float32 (every CPU without native bf16):
+they round x to int8 per block and multiply with `vpdpbusd`, four products per int32 lane
+(`int8_dot.c`), where plain AVX2 needs `vpmaddubsw` and a widening add.
 
 Each variant is compiled with explicit flags (not `-march=native`), so a machine can build
 and test every variant its CPU can execute.
@@ -20,7 +26,7 @@ import os
 import platform
 from pathlib import Path
 
-ISAS = ("generic", "avx2", "avx512", "avx512bf16", "amx")
+ISAS = ("generic", "avx2", "avx2vnni", "avx512", "avx512vnni", "avx512bf16", "amx")
 ENV = "LOCALPAGED_CPU_ISA"
 
 # The CPU flags (as /proc/cpuinfo names them) each variant's instructions need.
@@ -30,7 +36,9 @@ _AVX512BF16 = (*_AVX512, "avx512_bf16", "avx512_vnni")
 REQUIRED_FLAGS: dict[str, tuple[str, ...]] = {
     "generic": (),
     "avx2": _AVX2,
+    "avx2vnni": (*_AVX2, "avx_vnni"),
     "avx512": _AVX512,
+    "avx512vnni": (*_AVX512, "avx512_vnni"),
     "avx512bf16": _AVX512BF16,
     "amx": (*_AVX512BF16, "amx_tile", "amx_bf16"),
 }
@@ -38,7 +46,9 @@ _WIDE = ("-mprefer-vector-width=512",)  # GCC vectorizes 256 bits wide unless to
 _X86_FLAGS: dict[str, tuple[str, ...]] = {
     "generic": ("-march=x86-64", "-mtune=generic"),
     "avx2": ("-march=haswell",),
+    "avx2vnni": ("-march=haswell", "-mavxvnni"),
     "avx512": ("-march=skylake-avx512", *_WIDE),
+    "avx512vnni": ("-march=cascadelake", *_WIDE),
     "avx512bf16": ("-march=cooperlake", *_WIDE),
     "amx": ("-march=cooperlake", "-mamx-tile", "-mamx-bf16", *_WIDE),
 }

@@ -12,8 +12,9 @@ from localpaged.kernels import cpu_isa
 # /proc/cpuinfo flags of real CPU classes (the parts that matter here).
 HASWELL = {"sse4_2", "avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "movbe"}
 ZEN3 = HASWELL | {"sha_ni", "vaes"}
-ICELAKE_SERVER = HASWELL | {"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512cd",
-                            "avx512_vnni", "avx512vbmi"}
+ALDER_LAKE = HASWELL | {"avx_vnni", "sha_ni"}
+SKYLAKE_SP = HASWELL | {"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512cd"}
+ICELAKE_SERVER = SKYLAKE_SP | {"avx512_vnni", "avx512vbmi"}
 ZEN4 = ICELAKE_SERVER | {"avx512_bf16"}
 SAPPHIRE_RAPIDS = ZEN4 | {"amx_tile", "amx_bf16", "amx_int8", "avx512_fp16"}
 SANDY_BRIDGE = {"sse4_2", "avx"}
@@ -25,7 +26,9 @@ SANDY_BRIDGE = {"sse4_2", "avx"}
     (HASWELL, "avx2", False),
     (ZEN3, "avx2", False),
     (HASWELL | {"avx512f"}, "avx2", False),  # Xeon Phi-like: AVX-512F without BW/VL
-    (ICELAKE_SERVER, "avx512", False),
+    (ALDER_LAKE, "avx2vnni", False),
+    (SKYLAKE_SP, "avx512", False),
+    (ICELAKE_SERVER, "avx512vnni", False),
     (ZEN4, "avx512bf16", True),
     (SAPPHIRE_RAPIDS, "amx", True),
 ])

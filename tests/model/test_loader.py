@@ -155,7 +155,8 @@ def test_16bit_checkpoint(ckpt_dtype: torch.dtype, tmp_path: Path, step_builder,
 
 
 @pytest.mark.parametrize(("isa", "dtype"), [
-    ("generic", torch.float32), ("avx2", torch.float32), ("avx512", torch.float32),
+    ("generic", torch.float32), ("avx2", torch.float32), ("avx2vnni", torch.float32),
+    ("avx512", torch.float32), ("avx512vnni", torch.float32),
     ("avx512bf16", torch.bfloat16), ("amx", torch.bfloat16)])
 def test_auto_computes_in_bf16_only_where_the_cpu_has_it(
         isa: str, dtype: torch.dtype, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

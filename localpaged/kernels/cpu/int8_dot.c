@@ -43,6 +43,16 @@
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
 #define I8_AVX2 1
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+#define I8_AVX512 1 /* the quads tile 16 columns wide (one zmm per row) */
+#endif
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define I8_VNNI 1 /* `vpdpbusd`: four u8 x s8 products summed into each int32 lane */
+#define I8_DPBUSD256(acc, u, s) _mm256_dpbusd_epi32(acc, u, s)
+#elif defined(__AVXVNNI__)
+#define I8_VNNI 1
+#define I8_DPBUSD256(acc, u, s) _mm256_dpbusd_avx_epi32(acc, u, s)
+#endif
 #elif defined(__aarch64__) && defined(__ARM_NEON)
 #include <arm_neon.h>
 #define I8_NEON 1
@@ -230,6 +240,24 @@ static inline __attribute__((always_inline)) void w4q_i8_tile_n(
         const uint8_t *gp = wp + (size_t)g * chunks * 2 * I8_TILE;
         __m256i dot[I8_ROWS][2];
         for (int m = 0; m < I8_ROWS; m++) dot[m][0] = dot[m][1] = _mm256_setzero_si256();
+#ifdef I8_VNNI
+        for (int c = 0; c < chunks; c++) {
+            if (c % 2 == 0) _mm_prefetch((const char *)(gp + c * 32) + 1024, _MM_HINT_T0);
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(gp + c * 32));
+            const __m256i a = _mm256_and_si256(v, low);                       /* cols 0-7 */
+            const __m256i b = _mm256_and_si256(_mm256_srli_epi16(v, 4), low); /* 8-15 */
+#pragma GCC unroll 4
+            for (int m = 0; m < I8_ROWS; m++) {
+                if (m >= rows) continue;
+                int32_t four;
+                memcpy(&four, xq + (size_t)m * k + (size_t)g * gs + 4 * c, sizeof four);
+                const __m256i xb = _mm256_set1_epi32(four);
+                dot[m][0] = I8_DPBUSD256(dot[m][0], a, xb);
+                dot[m][1] = I8_DPBUSD256(dot[m][1], b, xb);
+            }
+        }
+        (void)ones;
+#else
         for (int c0 = 0; c0 < chunks; c0 += 8) { /* 8 chunks: int16 sums cannot saturate */
             __m256i d16[I8_ROWS][2];
             for (int m = 0; m < I8_ROWS; m++) d16[m][0] = d16[m][1] = _mm256_setzero_si256();
@@ -256,6 +284,7 @@ static inline __attribute__((always_inline)) void w4q_i8_tile_n(
                 dot[m][1] = _mm256_add_epi32(dot[m][1], _mm256_madd_epi16(d16[m][1], ones));
             }
         }
+#endif
         const uint16_t *sp = sbp + (size_t)g * 2 * I8_TILE;
         const __m256 s0 = load_f16x8(sp), s1 = load_f16x8(sp + 8);
         const __m256 b0 = load_f16x8(sp + I8_TILE), b1 = load_f16x8(sp + I8_TILE + 8);
@@ -275,6 +304,79 @@ static inline __attribute__((always_inline)) void w4q_i8_tile_n(
         _mm256_storeu_ps(acc + m * I8_TILE + 8, out[m][1]);
     }
 }
+
+#ifdef I8_AVX512
+/* w4q_i8_tile_n 16 columns wide: a chunk's 32 bytes go to both halves of a zmm, the upper
+ * half shifted by 4, so that one AND gives the codes of all 16 columns x 4 values of K and
+ * each row costs one broadcast and one `vpdpbusd` (with VNNI; else `vpmaddubsw` into int16
+ * sums, widened once per 8 chunks) per chunk. The same integers and the same float32
+ * operations per column as the 256-bit tile. */
+static inline __attribute__((always_inline)) void w4q_i8_tile512_n(
+    const uint8_t *wp, const uint16_t *sbp, const int8_t *xq, const float *dx, const float *xs,
+    float *acc, int rows, int k, int gs) {
+    const int groups = k / gs, chunks = gs / 4;
+    const __m512i low = _mm512_set1_epi8(0x0f);
+    const __m512i shift = _mm512_set_epi64(4, 4, 4, 4, 0, 0, 0, 0);
+    __m512 out[I8_ROWS];
+    for (int m = 0; m < I8_ROWS; m++) out[m] = _mm512_setzero_ps();
+    for (int g = 0; g < groups; g++) {
+        const uint8_t *gp = wp + (size_t)g * chunks * 2 * I8_TILE;
+        const int8_t *xg = xq + (size_t)g * gs;
+        __m512i dot[I8_ROWS];
+        for (int m = 0; m < I8_ROWS; m++) dot[m] = _mm512_setzero_si512();
+#ifdef __AVX512VNNI__
+        for (int c = 0; c < chunks; c++) {
+            if (c % 2 == 0) _mm_prefetch((const char *)(gp + c * 32) + 1024, _MM_HINT_T0);
+            const __m512i v = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(gp + c * 32)));
+            const __m512i w = _mm512_and_si512(_mm512_srlv_epi64(v, shift), low);
+#pragma GCC unroll 4
+            for (int m = 0; m < I8_ROWS; m++) {
+                if (m >= rows) continue;
+                int32_t four;
+                memcpy(&four, xg + (size_t)m * k + 4 * c, sizeof four);
+                dot[m] = _mm512_dpbusd_epi32(dot[m], w, _mm512_set1_epi32(four));
+            }
+        }
+#else
+        const __m512i ones = _mm512_set1_epi16(1);
+        for (int c0 = 0; c0 < chunks; c0 += 8) { /* 8 chunks: int16 sums cannot saturate */
+            __m512i d16[I8_ROWS];
+            for (int m = 0; m < I8_ROWS; m++) d16[m] = _mm512_setzero_si512();
+            const int end = c0 + 8 < chunks ? c0 + 8 : chunks;
+            for (int c = c0; c < end; c++) {
+                if (c % 2 == 0) _mm_prefetch((const char *)(gp + c * 32) + 1024, _MM_HINT_T0);
+                const __m512i v = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(gp + c * 32)));
+                const __m512i w = _mm512_and_si512(_mm512_srlv_epi64(v, shift), low);
+#pragma GCC unroll 4
+                for (int m = 0; m < I8_ROWS; m++) {
+                    if (m >= rows) continue;
+                    int32_t four;
+                    memcpy(&four, xg + (size_t)m * k + 4 * c, sizeof four);
+                    d16[m] = _mm512_add_epi16(d16[m], _mm512_maddubs_epi16(w, _mm512_set1_epi32(four)));
+                }
+            }
+#pragma GCC unroll 4
+            for (int m = 0; m < I8_ROWS; m++) {
+                if (m >= rows) continue;
+                dot[m] = _mm512_add_epi32(dot[m], _mm512_madd_epi16(d16[m], ones));
+            }
+        }
+#endif
+        const uint16_t *sp = sbp + (size_t)g * 2 * I8_TILE;
+        const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)sp));
+        const __m512 o = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sp + I8_TILE)));
+#pragma GCC unroll 4
+        for (int m = 0; m < I8_ROWS; m++) {
+            if (m >= rows) continue;
+            const __m512 d = _mm512_set1_ps(dx[(size_t)m * groups + g]);
+            const __m512 sx = _mm512_set1_ps(xs[(size_t)m * groups + g]);
+            out[m] = _mm512_fmadd_ps(s, _mm512_mul_ps(d, _mm512_cvtepi32_ps(dot[m])), out[m]);
+            out[m] = _mm512_fmadd_ps(o, sx, out[m]);
+        }
+    }
+    for (int m = 0; m < rows; m++) _mm512_storeu_ps(acc + m * I8_TILE, out[m]);
+}
+#endif
 
 /* q8_i8_tile_plain with AVX2: each pair of code rows becomes 16-bit pairs per column,
  * multiplied with the row's pair of activations by `vpmaddwd`. */
@@ -340,7 +442,11 @@ static void w4_i8_tile(const uint8_t *wp, const uint16_t *sbp, const int8_t *xq,
 static void w4q_i8_tile(const uint8_t *wp, const uint16_t *sbp, const int8_t *xq,
                         const float *dx, const float *xs, float *acc, int rows, int k, int gs) {
     switch (rows) {
+#ifdef I8_AVX512
+#define I8_CASE(r) case r: w4q_i8_tile512_n(wp, sbp, xq, dx, xs, acc, r, k, gs); break;
+#else
 #define I8_CASE(r) case r: w4q_i8_tile_n(wp, sbp, xq, dx, xs, acc, r, k, gs); break;
+#endif
         I8_CASE(1) I8_CASE(2) I8_CASE(3) I8_CASE(4)
 #undef I8_CASE
     }
