@@ -4,8 +4,8 @@ with no torch op in between. For a small model the some sixty torch ops of a lay
 than its matmuls; this path leaves the matmuls and little else.
 
 `CpuDecodePlan.build(model)` returns a plan when every layer qualifies (bf16 or float32, fused
-q/k/v and gate/up on the own 4-bit kernel, no act-order; in float32 also int8 blocks, GGUF
-types without a 4-bit kernel or fused layers of mixed types); the model runs decode rows
+q/k/v and gate/up on the own 4-bit kernel, no act-order, or int8 blocks: GGUF types without
+a 4-bit kernel or fused layers of mixed types); the model runs decode rows
 through `plan.run` (a decode-only step whole, the decode rows of a mixed step as a
 sub-batch) and prompt chunks through its modules.
 """
@@ -46,13 +46,17 @@ class _Step(ctypes.Structure):
 
 
 def _int8_blocks(linear: Any, dtype: torch.dtype) -> _W4 | None:
-    """The C view of a Q8Linear (int8 blocks) in a float32 model, or None."""
+    """The C view of a Q8Linear (int8 blocks), or None."""
     from localpaged.quant.q8_linear import Q8Linear
 
-    if not isinstance(linear, Q8Linear) or dtype != torch.float32:
+    if not isinstance(linear, Q8Linear):
         return None
     bias, offsets = linear.bias, linear.tile_offsets
-    if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
+    if bias is not None and bias.dtype != dtype:
+        # The layer adds its bias in the model's dtype (a copy of a few KiB, kept by the layer).
+        linear.plan_bias = bias.to(dtype).contiguous()
+        bias = linear.plan_bias
+    if bias is not None and not bias.is_contiguous():
         return None
     return _W4(None, None, bias.data_ptr() if bias is not None else None, linear.in_features,
                linear.out_features, 0, linear.tiles.data_ptr(), linear.tile_scales.data_ptr(),

@@ -165,8 +165,10 @@ def gguf_kept_types(dtype: torch.dtype, device: torch.device | str) -> frozenset
 
 def gguf_int8(dtype: torch.dtype, device: torch.device | str) -> bool:
     """Whether a GGUF's matrices of the other block types (Q8_0, Q5_0, Q6_K ...) stay int8
-    blocks: in float32 on a CPU whose kernels take float32 activations as int8."""
-    if dtype != torch.float32 or torch.device(device).type != "cpu":
+    blocks: on a CPU whose kernels take the activations as int8 (float32, and bf16 where
+    those kernels are there: every CPU with native bf16 has them), not dequantized to a
+    16-bit copy of twice the file's bytes."""
+    if dtype not in (torch.float32, torch.bfloat16) or torch.device(device).type != "cpu":
         return False
     from localpaged.quant import cpu_w4
 

@@ -33,6 +33,7 @@ class Q8Linear(nn.Module):
         self.register_buffer("tile_scales", tile_scales)
         self.register_buffer("tile_offsets", tile_offsets)
         self.bias: torch.Tensor | None = None
+        self.plan_bias: torch.Tensor | None = None  # the bias in a 16-bit model's dtype (decode plan)
         self.out_features = tiles.shape[0] * cpu_w4.TILE
         self.in_features = tiles.shape[1] * 2
         self.block = self.in_features // tile_scales.shape[1]

@@ -96,7 +96,8 @@ def test_quads_layout_holds_the_same_weight() -> None:
 
 
 @pytest.mark.parametrize("rows", [1, 3, 4, 5, 9])
-@pytest.mark.parametrize(("k", "n", "group"), [(64, 32, 32), (1536, 576, 64), (256, 80, 128)])
+@pytest.mark.parametrize(("k", "n", "group"), [(64, 32, 32), (1536, 576, 64), (256, 80, 128),
+                                              (96, 48, 12)])  # odd chunks per group
 @pytest.mark.parametrize("layout", ["pairs", "quads"])
 def test_int8_activation_loops_equal_the_plain_ones(cpu_variant: str, rows: int, k: int, n: int,
                                                     group: int, layout: str) -> None:

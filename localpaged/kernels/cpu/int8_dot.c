@@ -325,18 +325,46 @@ static inline __attribute__((always_inline)) void w4q_i8_tile512_n(
         __m512i dot[I8_ROWS];
         for (int m = 0; m < I8_ROWS; m++) dot[m] = _mm512_setzero_si512();
 #ifdef __AVX512VNNI__
-        for (int c = 0; c < chunks; c++) {
-            if (c % 2 == 0) _mm_prefetch((const char *)(gp + c * 32) + 1024, _MM_HINT_T0);
-            const __m512i v = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(gp + c * 32)));
-            const __m512i w = _mm512_and_si512(_mm512_srlv_epi64(v, shift), low);
+        /* Two chunks per zmm: the low nibbles give columns 0-7 of chunk c (low half) and of
+         * chunk c + 1 (high half), the high nibbles columns 8-15; each half's x is its own
+         * chunk's four activations. The halves are added at the end of the group. */
+        __m512i lo[I8_ROWS], hi[I8_ROWS];
+        for (int m = 0; m < I8_ROWS; m++) lo[m] = hi[m] = _mm512_setzero_si512();
+        const __m512i halves = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+        for (int c = 0; c + 1 < chunks; c += 2) {
+            _mm_prefetch((const char *)(gp + c * 32) + 1024, _MM_HINT_T0);
+            const __m512i v = _mm512_loadu_si512(gp + c * 32);
+            const __m512i a = _mm512_and_si512(v, low);
+            const __m512i b = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
 #pragma GCC unroll 4
             for (int m = 0; m < I8_ROWS; m++) {
                 if (m >= rows) continue;
-                int32_t four;
-                memcpy(&four, xg + (size_t)m * k + 4 * c, sizeof four);
-                dot[m] = _mm512_dpbusd_epi32(dot[m], w, _mm512_set1_epi32(four));
+                const __m512i xb = _mm512_permutexvar_epi32(halves, _mm512_castsi128_si512(
+                    _mm_loadl_epi64((const __m128i *)(xg + (size_t)m * k + 4 * c))));
+                lo[m] = _mm512_dpbusd_epi32(lo[m], a, xb);
+                hi[m] = _mm512_dpbusd_epi32(hi[m], b, xb);
             }
         }
+        if (chunks % 2) { /* a last chunk alone: its codes in the low half, zeros above */
+            const int c = chunks - 1;
+            const __m512i v = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(gp + c * 32)));
+            const __m512i keep = _mm512_maskz_mov_epi64(0x0f, _mm512_set1_epi8(0x0f));
+            const __m512i a = _mm512_and_si512(v, keep);
+            const __m512i b = _mm512_and_si512(_mm512_srli_epi16(v, 4), keep);
+            for (int m = 0; m < rows; m++) {
+                int32_t four;
+                memcpy(&four, xg + (size_t)m * k + 4 * c, sizeof four);
+                lo[m] = _mm512_dpbusd_epi32(lo[m], a, _mm512_set1_epi32(four));
+                hi[m] = _mm512_dpbusd_epi32(hi[m], b, _mm512_set1_epi32(four));
+            }
+        }
+#pragma GCC unroll 4
+        for (int m = 0; m < I8_ROWS; m++) {
+            if (m >= rows) continue;
+            dot[m] = _mm512_add_epi32(_mm512_shuffle_i64x2(lo[m], hi[m], 0x44),  /* low halves */
+                                      _mm512_shuffle_i64x2(lo[m], hi[m], 0xee)); /* high ones */
+        }
+        (void)shift;
 #else
         const __m512i ones = _mm512_set1_epi16(1);
         for (int c0 = 0; c0 < chunks; c0 += 8) { /* 8 chunks: int16 sums cannot saturate */
@@ -375,6 +403,149 @@ static inline __attribute__((always_inline)) void w4q_i8_tile512_n(
         }
     }
     for (int m = 0; m < rows; m++) _mm512_storeu_ps(acc + m * I8_TILE, out[m]);
+}
+#endif
+
+#ifdef I8_AVX512
+/* Four u8 x s8 products summed into each int32 lane of `acc`: `vpdpbusd` with VNNI, else
+ * `vpmaddubsw` (two products at most 2 * 15 * 127: no saturation) widened by `vpmaddwd`. */
+static inline __m512i i8_dp4(__m512i acc, __m512i u, __m512i s) {
+#ifdef __AVX512VNNI__
+    return _mm512_dpbusd_epi32(acc, u, s);
+#else
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, s),
+                                                   _mm512_set1_epi16(1)));
+#endif
+}
+
+/* The pairs layout in the 512-bit tile: the 64 bytes of four pairs (rows 2p..2p+7 of 16
+ * columns) are transposed so that each int32 lane holds one column's four bytes (`vpermd`
+ * across 128-bit lanes, then `vpshufb` within them); their low nibbles are the codes of rows
+ * 2p, 2p+2, 2p+4, 2p+6 and their high nibbles those of the odd rows, so `xp` holds each 8
+ * activations in that order (`i8_evens_odds`). Needs a group size that is a multiple of 8. */
+static inline __attribute__((always_inline)) void w4_i8_tile512_n(
+    const uint8_t *wp, const uint16_t *sbp, const int8_t *xp, const float *dx, const float *xs,
+    float *acc, int rows, int k, int gs) {
+    const int groups = k / gs, quads = gs / 8;
+    const __m512i low = _mm512_set1_epi8(0x0f);
+    const __m512i across = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
+    const __m512i within = _mm512_broadcast_i32x4(
+        _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15));
+    __m512 out[I8_ROWS];
+    for (int m = 0; m < I8_ROWS; m++) out[m] = _mm512_setzero_ps();
+    for (int g = 0; g < groups; g++) {
+        const uint8_t *gp = wp + (size_t)g * gs / 2 * I8_TILE;
+        const int8_t *xg = xp + (size_t)g * gs;
+        __m512i even[I8_ROWS], odd[I8_ROWS]; /* two chains: one row waits on no latency */
+        for (int m = 0; m < I8_ROWS; m++) even[m] = odd[m] = _mm512_setzero_si512();
+        for (int c = 0; c < quads; c++) {
+            _mm_prefetch((const char *)(gp + c * 64) + 1024, _MM_HINT_T0);
+            const __m512i v = _mm512_shuffle_epi8(
+                _mm512_permutexvar_epi32(across, _mm512_loadu_si512(gp + c * 64)), within);
+            const __m512i lo = _mm512_and_si512(v, low);
+            const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+#pragma GCC unroll 4
+            for (int m = 0; m < I8_ROWS; m++) {
+                if (m >= rows) continue;
+                int32_t four[2];
+                memcpy(four, xg + (size_t)m * k + 8 * c, sizeof four);
+                even[m] = i8_dp4(even[m], lo, _mm512_set1_epi32(four[0]));
+                odd[m] = i8_dp4(odd[m], hi, _mm512_set1_epi32(four[1]));
+            }
+        }
+        const uint16_t *sp = sbp + (size_t)g * 2 * I8_TILE;
+        const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)sp));
+        const __m512 o = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sp + I8_TILE)));
+#pragma GCC unroll 4
+        for (int m = 0; m < I8_ROWS; m++) {
+            if (m >= rows) continue;
+            const __m512i dot = _mm512_add_epi32(even[m], odd[m]);
+            const __m512 d = _mm512_set1_ps(dx[(size_t)m * groups + g]);
+            const __m512 sx = _mm512_set1_ps(xs[(size_t)m * groups + g]);
+            out[m] = _mm512_fmadd_ps(s, _mm512_mul_ps(d, _mm512_cvtepi32_ps(dot)), out[m]);
+            out[m] = _mm512_fmadd_ps(o, sx, out[m]);
+        }
+    }
+    for (int m = 0; m < rows; m++) _mm512_storeu_ps(acc + m * I8_TILE, out[m]);
+}
+
+static void w4_i8_tile512(const uint8_t *wp, const uint16_t *sbp, const int8_t *xp,
+                          const float *dx, const float *xs, float *acc, int rows, int k, int gs) {
+    switch (rows) {
+#define I8_CASE(r) case r: w4_i8_tile512_n(wp, sbp, xp, dx, xs, acc, r, k, gs); break;
+        I8_CASE(1) I8_CASE(2) I8_CASE(3) I8_CASE(4)
+#undef I8_CASE
+    }
+}
+
+/* Each 8 values of int8 rows `xq` ([count], count % 8 == 0) reordered as w4_i8_tile512_n
+ * reads them: the 4 at even places, then the 4 at odd places. */
+static void i8_evens_odds(const int8_t *xq, int8_t *xp, size_t count) {
+    for (size_t i = 0; i < count; i += 8)
+        for (int j = 0; j < 4; j++) {
+            xp[i + j] = xq[i + 2 * j];
+            xp[i + 4 + j] = xq[i + 2 * j + 1];
+        }
+}
+#endif
+
+#if defined(I8_AVX512) && defined(__AVX512VNNI__)
+#define I8_Q8_VNNI 1
+/* q8_i8_tile_n with `vpdpbusd`: four rows of K (64 bytes: two pairs) transposed so that each
+ * int32 lane holds one column's four codes, made unsigned by adding 128 (the product then
+ * carries 128 times the block's sum of x, `isum`, taken out in int32: the same integers, and
+ * the same float32 operations, as the AVX2 tile). Needs a block size that is a multiple of 4. */
+static inline __attribute__((always_inline)) void q8_i8_tile512_n(
+    const int8_t *wp, const float *sp, const float *op, const int8_t *xq, const int32_t *isum,
+    const float *dx, const float *xs, float *acc, int rows, int k, int bs) {
+    const int blocks = k / bs, steps = bs / 4;
+    const __m512i across = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
+    const __m512i within = _mm512_broadcast_i32x4(
+        _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15));
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    __m512 out[I8_ROWS];
+    for (int m = 0; m < I8_ROWS; m++) out[m] = _mm512_setzero_ps();
+    for (int b = 0; b < blocks; b++) {
+        const int8_t *bp = wp + (size_t)b * bs * I8_TILE;
+        __m512i dot[I8_ROWS];
+        for (int m = 0; m < I8_ROWS; m++) dot[m] = _mm512_setzero_si512();
+        for (int st = 0; st < steps; st++) {
+            _mm_prefetch((const char *)(bp + st * 64) + 1024, _MM_HINT_T0);
+            const __m512i w = _mm512_xor_si512(_mm512_shuffle_epi8(
+                _mm512_permutexvar_epi32(across, _mm512_loadu_si512(bp + st * 64)), within), flip);
+#pragma GCC unroll 4
+            for (int m = 0; m < I8_ROWS; m++) {
+                if (m >= rows) continue;
+                int32_t four;
+                memcpy(&four, xq + (size_t)m * k + (size_t)b * bs + 4 * st, sizeof four);
+                dot[m] = _mm512_dpbusd_epi32(dot[m], w, _mm512_set1_epi32(four));
+            }
+        }
+        const __m512 s = _mm512_loadu_ps(sp + (size_t)b * I8_TILE);
+#pragma GCC unroll 4
+        for (int m = 0; m < I8_ROWS; m++) {
+            if (m >= rows) continue;
+            const __m512 d = _mm512_set1_ps(dx[(size_t)m * blocks + b]);
+            const __m512i exact = _mm512_sub_epi32(dot[m], _mm512_set1_epi32(128 * isum[(size_t)m * blocks + b]));
+            out[m] = _mm512_fmadd_ps(_mm512_mul_ps(s, d), _mm512_cvtepi32_ps(exact), out[m]);
+        }
+        if (op != NULL) {
+            const __m512 o = _mm512_loadu_ps(op + (size_t)b * I8_TILE);
+            for (int m = 0; m < rows; m++)
+                out[m] = _mm512_fmadd_ps(o, _mm512_set1_ps(xs[(size_t)m * blocks + b]), out[m]);
+        }
+    }
+    for (int m = 0; m < rows; m++) _mm512_storeu_ps(acc + m * I8_TILE, out[m]);
+}
+
+static void q8_i8_tile512(const int8_t *wp, const float *sp, const float *op, const int8_t *xq,
+                          const int32_t *isum, const float *dx, const float *xs, float *acc,
+                          int rows, int k, int bs) {
+    switch (rows) {
+#define I8_CASE(r) case r: q8_i8_tile512_n(wp, sp, op, xq, isum, dx, xs, acc, r, k, bs); break;
+        I8_CASE(1) I8_CASE(2) I8_CASE(3) I8_CASE(4)
+#undef I8_CASE
+    }
 }
 #endif
 
@@ -658,6 +829,18 @@ static int w4_gemm_i8(const float *x, const uint8_t *packed, const uint16_t *sb,
         return -1;
     }
     quantize_rows_i8(x, m_rows, k, gs, xq, dx, xs, threads);
+#ifdef I8_AVX512
+    /* The pairs layout's 512-bit tile reads x with each 8 values reordered. */
+    const int wide = !plain && !quads && gs % 8 == 0;
+    int8_t *xp = wide ? malloc((size_t)m_rows * k + 64) : NULL;
+    if (wide && xp == NULL) {
+        free(xq);
+        free(dx);
+        free(xs);
+        return -1;
+    }
+    if (wide) i8_evens_odds(xq, xp, (size_t)m_rows * k);
+#endif
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int t = 0; t < tiles; t++) {
         const uint8_t *wp = packed + (size_t)t * (k / 2) * I8_TILE;
@@ -667,6 +850,11 @@ static int w4_gemm_i8(const float *x, const uint8_t *packed, const uint16_t *sb,
             const int rows = m_rows - m0 < I8_ROWS ? m_rows - m0 : I8_ROWS;
             const int8_t *xm = xq + (size_t)m0 * k;
             const float *dm = dx + (size_t)m0 * groups, *sm = xs + (size_t)m0 * groups;
+#ifdef I8_AVX512
+            if (wide)
+                w4_i8_tile512(wp, sbp, xp + (size_t)m0 * k, dm, sm, acc, rows, k, gs);
+            else
+#endif
 #ifdef I8_AVX2
             if (!plain && quads)
                 w4q_i8_tile(wp, sbp, xm, dm, sm, acc, rows, k, gs);
@@ -693,6 +881,9 @@ static int w4_gemm_i8(const float *x, const uint8_t *packed, const uint16_t *sb,
     free(xq);
     free(dx);
     free(xs);
+#ifdef I8_AVX512
+    free(xp);
+#endif
     return 0;
 }
 
@@ -717,6 +908,22 @@ int q8_gemm_f32(const float *x, const int8_t *codes, const float *scales, const 
     }
     quantize_rows_i8(x, m_rows, k, bs, xq, dx, xs, threads);
     for (size_t i = 0; i < (size_t)m_rows * k; i++) x16[i] = xq[i];
+#ifdef I8_Q8_VNNI
+    const int wide = !plain && bs % 4 == 0;
+    int32_t *isum = wide ? malloc(sizeof(int32_t) * ((size_t)m_rows * blocks + 1)) : NULL;
+    if (wide && isum == NULL) {
+        free(xq);
+        free(x16);
+        free(dx);
+        free(xs);
+        return -1;
+    }
+    for (size_t i = 0; wide && i < (size_t)m_rows * blocks; i++) {
+        int32_t sum = 0;
+        for (int j = 0; j < bs; j++) sum += xq[i * bs + j];
+        isum[i] = sum;
+    }
+#endif
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int t = 0; t < tiles; t++) {
         const int8_t *wp = codes + (size_t)t * k * I8_TILE;
@@ -726,6 +933,12 @@ int q8_gemm_f32(const float *x, const int8_t *codes, const float *scales, const 
         for (int m0 = 0; m0 < m_rows; m0 += I8_ROWS) {
             const int rows = m_rows - m0 < I8_ROWS ? m_rows - m0 : I8_ROWS;
             const float *dm = dx + (size_t)m0 * blocks, *sm = xs + (size_t)m0 * blocks;
+#ifdef I8_Q8_VNNI
+            if (wide)
+                q8_i8_tile512(wp, sp, op, xq + (size_t)m0 * k, isum + (size_t)m0 * blocks, dm, sm,
+                              acc, rows, k, bs);
+            else
+#endif
 #if defined(I8_AVX2)
             if (!plain)
                 q8_i8_tile(wp, sp, op, x16 + (size_t)m0 * k, dm, sm, acc, rows, k, bs);
@@ -745,6 +958,9 @@ int q8_gemm_f32(const float *x, const int8_t *codes, const float *scales, const 
     free(x16);
     free(dx);
     free(xs);
+#ifdef I8_Q8_VNNI
+    free(isum);
+#endif
     return 0;
 }
 
