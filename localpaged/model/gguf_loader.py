@@ -477,6 +477,12 @@ def q4_parts(raw: RawTensor, rotary_heads: int | None = None) -> GgmlInt4Weight:
     """A GGUF Q4_0 / Q4_1 / Q4_K matrix as code pairs, scales and zero-points per row (the
     same values, group size 32), with llama.cpp's q/k row permutation undone when
     `rotary_heads` is given."""
+    if raw.type_name in ("Q4_0", "Q4_1"):  # kept as the file's blocks: packed in C
+        rows = None
+        if rotary_heads:
+            rows = unpermute_rotary(np.arange(raw.shape[0])[:, None], rotary_heads)[:, 0]
+        return _decoded(raw, lambda: GgmlInt4Weight.from_blocks(raw.type_name, raw.data,
+                                                                *raw.shape, rows))
     parts = _decoded(raw, lambda: int4_pairs(raw.type_name, raw.data, *raw.shape))
     return GgmlInt4Weight(*_unpermuted(parts, rotary_heads))
 

@@ -115,24 +115,71 @@ def cpu_w4_layout(pairs: np.ndarray, scales: np.ndarray, zeros: np.ndarray
     return np.ascontiguousarray(packed), np.ascontiguousarray(sb.astype(np.float16))
 
 
+_GGML_TYPE_IDS = {"Q4_0": 2, "Q4_1": 3}  # the C packer's types (gguf_pack.c)
+
+
 class GgmlInt4Weight:
     """A GGUF 4-bit matrix as `int4_pairs` (rows `[N, ...]`), before any packing: becomes the
-    CPU kernel's layout directly (`cpu_w4_layout`), or an `Int4Weight` (`to_int4`) for the
-    other paths. Offers what `QuantLinear.load` asks of an `Int4Weight` to decide the path."""
+    CPU kernel's layout directly (`cpu_w4_pack`), or an `Int4Weight` (`to_int4`) for the
+    other paths. Offers what `QuantLinear.load` asks of an `Int4Weight` to decide the path.
+
+    `from_blocks` keeps a Q4_0 / Q4_1 matrix as the file's blocks (a view of the mapping) and
+    the order of its rows: the C packer reads them straight into the kernel's layout, and the
+    numpy parts are made only if another path asks for them."""
 
     group_size = GROUP_SIZE
     perm = None
 
     def __init__(self, pairs: np.ndarray, scales: np.ndarray, zeros: np.ndarray) -> None:
-        self.pairs, self.s, self.z = pairs, scales, zeros
+        self._parts: tuple[np.ndarray, np.ndarray, np.ndarray] | None = (pairs, scales, zeros)
+        self._shape = (int(pairs.shape[0]), int(pairs.shape[1]) * 2)
+        self._blocks: tuple[str, np.ndarray, np.ndarray] | None = None
+
+    @classmethod
+    def from_blocks(cls, type_name: str, data: np.ndarray, n: int, k: int,
+                    rows: np.ndarray | None = None) -> GgmlInt4Weight:
+        """A matrix `[n, k]` of `type_name` from its file bytes `data`; output row i is the
+        file's row `rows[i]` (default: in order)."""
+        if type_name not in INT4_TYPES:
+            raise ValueError(f"GGML type {type_name} has no exact 4-bit form "
+                             f"(those that do: {', '.join(INT4_TYPES)})")
+        if k % BLOCK_TYPES[type_name][0]:
+            raise ValueError(f"{type_name}: rows of {k} values are not whole blocks of "
+                             f"{BLOCK_TYPES[type_name][0]}")
+        blocks_of(type_name, data, n * k)  # the byte count, checked now
+        self = cls.__new__(cls)
+        self._parts, self._shape = None, (n, k)
+        order = np.arange(n, dtype=np.int32) if rows is None else rows.astype(np.int32)
+        self._blocks = (type_name, data, order)
+        return self
+
+    def _numpy_parts(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if self._parts is None:
+            assert self._blocks is not None
+            type_name, data, order = self._blocks
+            pairs, s, z = int4_pairs(type_name, data, *self._shape)
+            self._parts = (pairs[order], s[order], z[order])
+        return self._parts
+
+    @property
+    def pairs(self) -> np.ndarray:
+        return self._numpy_parts()[0]
+
+    @property
+    def s(self) -> np.ndarray:
+        return self._numpy_parts()[1]
+
+    @property
+    def z(self) -> np.ndarray:
+        return self._numpy_parts()[2]
 
     @property
     def out_features(self) -> int:
-        return int(self.pairs.shape[0])
+        return self._shape[0]
 
     @property
     def in_features(self) -> int:
-        return int(self.pairs.shape[1]) * 2
+        return self._shape[1]
 
     @property
     def scales(self) -> torch.Tensor:
@@ -156,10 +203,27 @@ class GgmlInt4Weight:
         times faster than torch's `.to(torch.int32)` here)."""
         return torch.from_numpy(self.codes_nk().astype(np.int32)).t()
 
-    def cpu_w4_pack(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(`packed`, `sb`) for `cpu_w4.matmul`."""
+    def cpu_w4_pack(self, quads: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """(`packed`, `sb`) for `cpu_w4.matmul`, `packed` in the quads layout if `quads`:
+        in C from the file's blocks where the library is here (the same bytes), else numpy."""
+        from localpaged.quant import cpu_w4
+
+        n, k = self._shape
+        lib = cpu_w4.native.library() if cpu_w4.available() else None
+        if self._blocks is not None and self._blocks[0] in _GGML_TYPE_IDS and lib is not None:
+            type_name, data, order = self._blocks
+            packed = torch.empty(n // TILE, k // (4 if quads else 2), TILE * (2 if quads else 1),
+                                 dtype=torch.uint8)
+            sb = torch.empty(n // TILE, k // GROUP_SIZE, 2, TILE, dtype=torch.float16)
+            raw = np.ascontiguousarray(data)
+            if lib.gguf_q4_pack(raw.ctypes.data, _GGML_TYPE_IDS[type_name], order.ctypes.data,
+                                n, k, packed.data_ptr(), sb.data_ptr(), int(quads),
+                                torch.get_num_threads()):
+                raise ValueError(f"{type_name} [{n}, {k}] does not fit the kernel's tiles")
+            return packed, sb
         packed, sb = cpu_w4_layout(self.pairs, self.s, self.z)
-        return torch.from_numpy(packed), torch.from_numpy(sb)
+        out = torch.from_numpy(packed)
+        return (cpu_w4.to_quads(out) if quads else out), torch.from_numpy(sb)
 
     def to_int4(self) -> Int4Weight:
         """The same weight as an `Int4Weight` (group size 32)."""

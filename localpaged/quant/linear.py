@@ -128,12 +128,17 @@ class QuantLinear(nn.Module):
                     or cpu_w4.holds_exactly(given)))
         self.qweight = self.scales = self.zeros = None
         if own:  # GGUF blocks go straight to the kernel's layout (the same bytes)
-            packed, self.w4_sb = given.cpu_w4_pack() if parts else cpu_w4.pack(given)
-            if (self.dtype == torch.float32 and cpu_w4.quads_wanted()
-                    and cpu_w4.fits_quads(packed, self.w4_sb)):
-                packed = cpu_w4.to_quads(packed)  # what the int8 kernel reads fastest
+            quads = self.dtype == torch.float32 and cpu_w4.quads_wanted()  # the int8 kernel's
+            if parts:  # GGUF: whole groups of 32, always fit the quads layout
+                packed, self.w4_sb = given.cpu_w4_pack(quads)
+            else:
+                packed, self.w4_sb = cpu_w4.pack(given)
+                if quads and cpu_w4.fits_quads(packed, self.w4_sb):
+                    packed = cpu_w4.to_quads(packed)
             self.w4_packed = packed
-        if sub is not None:
+        # torch's int4 packing only where the own kernel does not take the layer: the own one
+        # serves every batch, one row included (int8 activations there), faster.
+        if sub is not None and not own:
             self.cpu_group_size = sub
             self.cpu_packed, self.cpu_scale_zeros = to_cpu_int4pack(given, sub, self.dtype)
         elif not own:

@@ -79,12 +79,15 @@ def test_concat_refuses_layers_that_differ(cpu_kernels: str) -> None:
 def test_dequantized_recovers_the_weight_from_the_cpu_packing(act_order: bool, cpu_kernels: str) -> None:
     w = _int4(128, 48, 32, 3, act_order)
     layer = QuantLinear.from_int4(w, None, torch.bfloat16, "cpu")
-    assert layer.cpu_packed is not None and layer.qweight is None  # only CPU packings
+    assert layer.qweight is None  # only CPU packings: the own kernel's, else torch's
     assert (layer.w4_packed is not None) == (cpu_kernels == "own")
+    assert (layer.cpu_packed is not None) == (cpu_kernels != "own")
     dense = layer.dequantized()
-    # What the int4 op computes, to its own rounding...
+    # What the int4 op computes, to its own rounding (bf16; int8 activations for few rows on
+    # AVX-512 builds with native bf16: within 2% of the largest output)...
     x = torch.randn(4, 128, dtype=torch.bfloat16)
-    torch.testing.assert_close(torch.nn.functional.linear(x, dense), layer(x), rtol=1e-2, atol=1e-2)
+    want, got = torch.nn.functional.linear(x, dense).float(), layer(x).float()
+    assert (got - want).abs().max() <= 0.02 * want.abs().max()
     # ... and the weight itself, to the rounding of its bf16 scales and offsets.
     ref = w.dequantize(torch.float32)
     assert (dense.float() - ref).abs().max() <= 0.01 * ref.abs().max()

@@ -28,15 +28,47 @@ def _raw(type_name: str, data: np.ndarray) -> RawTensor:
     return RawTensor("w", type_name, type_name, SHAPE, data)
 
 
+@pytest.mark.parametrize("quads", [False, True], ids=["pairs", "quads"])
 @pytest.mark.parametrize("heads", [None, 4])
 @pytest.mark.parametrize("type_name", INT4_TYPES)
-def test_direct_pack_equals_int4_route(fixture_data, type_name: str, heads: int | None) -> None:
+def test_direct_pack_equals_int4_route(fixture_data, type_name: str, heads: int | None,
+                                       quads: bool) -> None:
+    """Q4_0/Q4_1 through the C packer (where the library builds), Q4_K through numpy."""
     raw = _raw(type_name, fixture_data[type_name])
-    packed, sb = q4_parts(raw, heads).cpu_w4_pack()
+    packed, sb = q4_parts(raw, heads).cpu_w4_pack(quads)
     want_packed, want_sb = cpu_w4.pack(q4_to_int4(raw, heads))
+    if quads:
+        want_packed = cpu_w4.quads_in_torch(want_packed)
     assert packed.dtype == torch.uint8 and sb.dtype == torch.float16
     assert torch.equal(packed, want_packed)
     assert torch.equal(sb.view(torch.int16), want_sb.view(torch.int16))  # bit for bit
+
+
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1"])
+def test_c_packer_equals_numpy_on_every_kind_of_scale(type_name: str) -> None:
+    """Random float16 bit patterns for d and m (subnormal, tiny, huge; a d of 0 makes a
+    constant Q4_1 block): the C packer's float16 rounding and float32 order are numpy's."""
+    if not cpu_w4.available():
+        pytest.skip("the CPU kernels do not build here")
+    rng = np.random.default_rng(7)
+    n, k = 48, 128
+    size = 18 if type_name == "Q4_0" else 20
+    blocks = rng.integers(0, 256, (n * k // 32, size), dtype=np.uint8)
+    exps = rng.integers(0, 30, blocks.shape[0])  # no inf / NaN
+    halves = (exps << 10) | rng.integers(0, 1024, blocks.shape[0])
+    halves[::7] = 0  # d = 0: constant blocks (Q4_1)
+    blocks[:, 0], blocks[:, 1] = halves & 0xFF, halves >> 8
+    if type_name == "Q4_1":
+        m = rng.integers(0, 0x7800, blocks.shape[0]) | (rng.integers(0, 2, blocks.shape[0]) << 15)
+        blocks[:, 2], blocks[:, 3] = m & 0xFF, m >> 8
+    data = blocks.reshape(-1)
+    rows = np.random.default_rng(1).permutation(n)
+    fast = GgmlInt4Weight.from_blocks(type_name, data, n, k, rows)
+    numpy_route = GgmlInt4Weight(*fast._numpy_parts())
+    for quads in (False, True):
+        got, want = fast.cpu_w4_pack(quads), numpy_route.cpu_w4_pack(quads)
+        assert torch.equal(got[0], want[0])
+        assert torch.equal(got[1].view(torch.int16), want[1].view(torch.int16))
 
 
 @pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1"])

@@ -66,5 +66,5 @@ def test_quant_linear_act_order_through_kernel(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("LOCALPAGED_INT4_CPU", "int4")
     assert QuantLinear.from_int4(w, bias, torch.float32, "cpu").cpu_packed is None  # exact path
     fast = QuantLinear.from_int4(w, bias, torch.bfloat16, "cpu")
-    assert fast.cpu_packed is not None
+    assert fast.cpu_packed is not None or fast.w4_packed is not None  # a CPU packing
     torch.testing.assert_close(fast(x), ref, atol=0.05, rtol=0.02)

@@ -4,3 +4,4 @@
 #include "quant_gemm.c"
 #include "paged_decode.c"
 #include "decode_layer.c"
+#include "gguf_pack.c"

@@ -1,0 +1,80 @@
+/* GGUF Q4_0 / Q4_1 matrices straight from the file's blocks into the 4-bit kernel's layout
+ * (quant_gemm.c: `packed` pairs [N/16][K/2][16] or int8_dot.c's quads [N/16][K/4][32], and
+ * `sb` float16 [N/16][K/32][2][16]), in parallel over tiles: what a model load spends most of
+ * its time on otherwise. The same bytes as localpaged/quant/ggml_int4.py's numpy route
+ * (`int4_pairs` then `cpu_w4_layout`), float32 operations in its order:
+ *   Q4_0 (18 bytes: f16 d, 16 bytes of codes): W = d * (q - 8): s = d, b = -8 * d;
+ *   Q4_1 (20 bytes: f16 d, f16 m, codes):      W = d * q + m:   s = d, b = -(-m / d) * d,
+ *   or, for a block whose d is 0, codes 0 and s = b = m.
+ * Code v of a block: byte v & 15 of its 16, the low nibble for v < 16, else the high one.
+ * `rows[i]` is the file's row of output row i (llama.cpp's q/k permutation undone). */
+#include <stdint.h>
+#include <string.h>
+
+#include "bf16.h"
+
+#define GP_TILE 16
+#define GP_BLOCK 32
+
+/* One block's 32 codes (0..15), scale and offset. */
+static void gp_block(const uint8_t *b, int type, uint8_t q[GP_BLOCK], float *s, float *o) {
+    const uint8_t *qs = b + (type == 2 ? 2 : 4);
+    uint16_t h;
+    memcpy(&h, b, 2);
+    const float d = f16_to_f32(h);
+    for (int v = 0; v < 16; v++) {
+        q[v] = qs[v] & 15;
+        q[v + 16] = qs[v] >> 4;
+    }
+    if (type == 2) {
+        *s = d;
+        *o = -8.f * d;
+        return;
+    }
+    memcpy(&h, b + 2, 2);
+    const float m = f16_to_f32(h);
+    if (d == 0.f) {
+        memset(q, 0, GP_BLOCK);
+        *s = *o = m;
+        return;
+    }
+    const float zero = -m / d;
+    *s = d;
+    *o = -zero * d;
+}
+
+/* Returns 0, or -1 for a type other than Q4_0 (2) / Q4_1 (3) or shapes off the layout. */
+int gguf_q4_pack(const uint8_t *blocks, int type, const int32_t *rows, int n, int k,
+                 uint8_t *packed, uint16_t *sb, int quads, int threads) {
+    if ((type != 2 && type != 3) || n % GP_TILE || k % GP_BLOCK) return -1;
+    const int groups = k / GP_BLOCK, bytes = type == 2 ? 18 : 20;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int t = 0; t < n / GP_TILE; t++) {
+        uint8_t *pt = packed + (size_t)t * (k / 2) * GP_TILE;
+        uint16_t *st = sb + (size_t)t * groups * 2 * GP_TILE;
+        for (int g = 0; g < groups; g++) {
+            uint8_t q[GP_TILE][GP_BLOCK];
+            for (int j = 0; j < GP_TILE; j++) {
+                const int r = rows[t * GP_TILE + j];
+                float s, o;
+                gp_block(blocks + ((size_t)r * groups + g) * bytes, type, q[j], &s, &o);
+                st[(size_t)g * 2 * GP_TILE + j] = f32_to_f16(s);
+                st[(size_t)g * 2 * GP_TILE + GP_TILE + j] = f32_to_f16(o);
+            }
+            if (quads) { /* chunk c: byte 4jj + i = q[4c+i] of column jj | of column jj+8 << 4 */
+                uint8_t *pc = pt + (size_t)g * (GP_BLOCK / 4) * 2 * GP_TILE;
+                for (int c = 0; c < GP_BLOCK / 4; c++)
+                    for (int jj = 0; jj < 8; jj++)
+                        for (int i = 0; i < 4; i++)
+                            pc[c * 2 * GP_TILE + 4 * jj + i] =
+                                (uint8_t)(q[jj][4 * c + i] | q[jj + 8][4 * c + i] << 4);
+            } else { /* pair p: byte j = q[2p] of column j | q[2p+1] << 4 */
+                uint8_t *pp = pt + (size_t)g * (GP_BLOCK / 2) * GP_TILE;
+                for (int p = 0; p < GP_BLOCK / 2; p++)
+                    for (int j = 0; j < GP_TILE; j++)
+                        pp[p * GP_TILE + j] = (uint8_t)(q[j][2 * p] | q[j][2 * p + 1] << 4);
+            }
+        }
+    }
+    return 0;
+}
