@@ -262,7 +262,10 @@ class GGUFFile:
         return config
 
     def raw_tensors(self) -> Iterator[RawTensor]:
-        """Every weight tensor as stored (quantized bytes stay bytes), with its HF name."""
+        """Every weight tensor as stored (quantized bytes stay bytes), with its HF name. Once
+        the caller asks for the next one, the last one's pages of the file mapping leave this
+        process's memory (`FastGGUFReader.release`): a load holds the file's bytes one tensor
+        at a time beside the model's own copy, not the whole file."""
         for t in self.reader.tensors:
             if t.name in _SKIPPED:
                 continue
@@ -271,6 +274,7 @@ class GGUFFile:
                 raise ValueError(f"{self.path}: unexpected tensor {t.name!r} in GGUF file")
             shape = tuple(int(d) for d in reversed(t.shape.tolist()))
             yield RawTensor(hf, t.name, t.tensor_type.name, shape, t.data)
+            self.reader.release(t.data)
 
     def _rotary_heads(self, raw: RawTensor, config: dict[str, Any]) -> int | None:
         """The head count to undo llama.cpp's q/k permutation with, or None."""

@@ -15,6 +15,7 @@ element type, a u64 count and the elements.
 
 from __future__ import annotations
 
+import mmap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -163,6 +164,19 @@ class FastGGUFReader:
             raise GGUFFormatError(f"general.alignment {align} is not a power of two")
         self.data_offset = -(-cur.at // align) * align
         self.tensors = self._tensors(infos)
+
+    def release(self, view: np.ndarray) -> None:
+        """Drop the pages under `view` (a tensor's data) from this process's memory: they stay
+        in the OS's page cache, and a later read of `view` maps them again (MADV_DONTNEED on
+        a read-only file mapping loses nothing). Does nothing where mmap cannot say so."""
+        mm = getattr(self.data, "_mmap", None)
+        if mm is None or not hasattr(mm, "madvise") or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        start = view.__array_interface__["data"][0] - self.data.__array_interface__["data"][0]
+        first = start // mmap.PAGESIZE * mmap.PAGESIZE
+        end = min(start + view.nbytes, self.data.size)
+        if 0 <= first < end:
+            mm.madvise(mmap.MADV_DONTNEED, first, end - first)
 
     @staticmethod
     def _tensor_info(cur: _Cursor) -> tuple[str, list[int], int, int]:

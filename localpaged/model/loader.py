@@ -105,7 +105,7 @@ def build_model(
             if isinstance(tensor, Int8Blocks):
                 install_int8(model, name, tensor, config.tie_word_embeddings)
             else:
-                install_int4(model, name, tensor)
+                install_int4(model, name, tensor, config.tie_word_embeddings)
             loaded.add(name)
             continue
         param = params.get(name)

@@ -264,3 +264,29 @@ class QuantLinear(nn.Module):
             path += f", dense for >= {self.dense_min_rows} rows"
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"group_size={self.group_size}, act_order={self.perm is not None}, {path}")
+
+
+class QuantEmbedding(nn.Module):
+    """Rows of a 4-bit matrix on the own CPU kernel (a `QuantLinear`'s tiles) as embeddings
+    of `dtype`: a GGUF Q4 token embedding held once, in its bits, and (tied) the output layer
+    too, where a dense copy would be 4-8 times its size and a decode step would read it all."""
+
+    def __init__(self, linear: QuantLinear, dtype: torch.dtype) -> None:
+        super().__init__()
+        if linear.w4_packed is None or linear.perm is not None:
+            raise ValueError("QuantEmbedding takes a layer on the own CPU kernel (no act-order)")
+        self.table = linear  # shared with a tied lm_head: not a second copy
+        self.dtype = dtype
+        self.num_embeddings, self.embedding_dim = linear.out_features, linear.in_features
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        flat = ids.reshape(-1)
+        if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= self.num_embeddings):
+            raise IndexError(f"token id out of range [0, {self.num_embeddings})")
+        tiles, where = torch.unique(flat // cpu_w4.TILE, return_inverse=True)
+        rows = cpu_w4.dequantize(self.table.w4_packed[tiles], self.table.w4_sb[tiles])
+        out = rows[where * cpu_w4.TILE + flat % cpu_w4.TILE]  # each tile's 16 rows, in order
+        return out.to(self.dtype).reshape(*ids.shape, self.embedding_dim)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, 4-bit"

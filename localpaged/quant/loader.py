@@ -141,10 +141,12 @@ def _missing_message(prefix: str, leaf: str, layer: QuantLinear, spec: QuantSpec
     return f"tensor '{prefix}.{leaf}' is missing: expected shape {shapes[leaf]}"
 
 
-def install_int4(model: nn.Module, name: str, weight: Any) -> None:
+def install_int4(model: nn.Module, name: str, weight: Any, tied: bool = False) -> None:
     """Put a ready 4-bit weight (`Int4Weight`, or a GGUF matrix's `GgmlInt4Weight`) named
     `<prefix>.weight` into `model` in place of the `nn.Linear` at `<prefix>`. A bias the
-    linear has stays shared with the model's parameters (so it still loads by name)."""
+    linear has stays shared with the model's parameters (so it still loads by name). A token
+    embedding stays 4-bit where the own CPU kernel takes it (`QuantEmbedding`, also the
+    output layer when `tied`), else it is stored dense."""
     from localpaged.quant.ggml_int4 import GgmlInt4Weight
     from localpaged.quant.layout import Int4Weight
 
@@ -157,6 +159,15 @@ def install_int4(model: nn.Module, name: str, weight: Any) -> None:
         if tuple(param.shape) != (weight.out_features, weight.in_features):
             raise ValueError(f"tensor {name!r}: expected shape {tuple(param.shape)}, found "
                              f"{(weight.out_features, weight.in_features)}")
+        if isinstance(linear, nn.Embedding) and param.device.type == "cpu":
+            from localpaged.quant.linear import QuantEmbedding
+
+            table = QuantLinear.from_int4(weight, None, param.dtype, param.device)
+            if table.w4_packed is not None and table.perm is None:
+                model.model.embed_tokens = QuantEmbedding(table, param.dtype)
+                if tied:
+                    model.lm_head = table
+                return
         with torch.no_grad():
             param.copy_(weight.dequantize())
         return

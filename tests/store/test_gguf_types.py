@@ -58,10 +58,17 @@ def test_mixed_file_loads_and_runs_in_both_dtypes(tmp_path: Path) -> None:
     layer = packed.model.layers[0]
     assert isinstance(layer.self_attn.q_proj, QuantLinear)  # Q4_1: 4-bit
     assert isinstance(layer.mlp.up_proj, QuantLinear)  # Q4_0: 4-bit
-    assert isinstance(layer.mlp.down_proj, torch.nn.Linear)  # Q5_1: dequantized once
-    assert layer.mlp.down_proj.weight.dtype == torch.bfloat16
-    want = dict(open_gguf(path).weights())[P + "mlp.down_proj.weight"].to(torch.bfloat16)
-    assert torch.equal(layer.mlp.down_proj.weight, want)
+    want = dict(open_gguf(path).weights())[P + "mlp.down_proj.weight"]
+    from localpaged.quant import cpu_w4
+    from localpaged.quant.q8_linear import Q8Linear
+
+    if cpu_w4.int8_activations():  # Q5_1: int8 blocks holding the file's values
+        assert isinstance(layer.mlp.down_proj, Q8Linear)
+        assert torch.equal(layer.mlp.down_proj.blocks().dequantize(), want)
+    else:  # dequantized once
+        assert isinstance(layer.mlp.down_proj, torch.nn.Linear)
+        assert layer.mlp.down_proj.weight.dtype == torch.bfloat16
+        assert torch.equal(layer.mlp.down_proj.weight, want.to(torch.bfloat16))
 
 
 def test_mixed_file_in_float32_keeps_the_other_types_as_int8_blocks(
@@ -170,3 +177,33 @@ def test_type_id_unknown_to_the_gguf_package_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"GGML type unknown to this localpaged .*use another "
                                          r"quantization of this model, e.g. Q4_K_M"):
         open_gguf(path)
+
+
+@pytest.mark.parametrize("tie", [True, False], ids=["tied", "untied"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_4bit_token_embedding_stays_4bit(tmp_path: Path, dtype: torch.dtype, tie: bool) -> None:
+    """A Q4_0 token embedding is held once in its bits on the own CPU kernel (and is the
+    output layer when tied): its rows are the file's values, and the logits those of the
+    same file loaded with torch's ops only (the embedding then dense)."""
+    from localpaged.model.loader import load_model
+    from localpaged.quant import cpu_w4
+    from localpaged.quant.linear import QuantEmbedding
+
+    if not cpu_w4.available():
+        pytest.skip("the CPU kernels do not build here")
+    path = write_tiny_gguf(tmp_path / "q4.gguf", "Q4_0", tie=tie)
+    model, _ = load_model(path, dtype=dtype)
+    emb = model.model.embed_tokens
+    assert isinstance(emb, QuantEmbedding)
+    assert (model.lm_head is emb.table) == tie
+    want = dict(open_gguf(path).weights())["model.embed_tokens.weight"]
+    ids = torch.tensor([[0, 5, 17, 5], [31, 2, 16, 40]])
+    assert torch.equal(emb(ids).float(), want[ids].to(dtype).float())
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("LOCALPAGED_CPU_KERNELS", "off")
+        dense, _ = load_model(path, dtype=torch.float32)
+    assert not isinstance(dense.model.embed_tokens, QuantEmbedding)
+    hidden = emb(ids[0])
+    got = model.compute_logits(hidden.to(dtype)).float()
+    ref = dense.compute_logits(hidden.float())
+    assert (got - ref).abs().max() <= 0.05 * ref.abs().max()
