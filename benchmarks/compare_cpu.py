@@ -623,6 +623,12 @@ def main() -> None:
     from cpu_class import describe_cpu
 
     print(describe_cpu())
+    from cpu_class import memory_bandwidth_gbs
+
+    bandwidth = memory_bandwidth_gbs()
+    print(f"memory bandwidth (triad): {bandwidth:.1f} GB/s | the model's bytes per token "
+          f"{facts['bytes'] / 1e9:.2f} GB -> single-stream decode roofline "
+          f"{bandwidth / (facts['bytes'] / 1e9):.1f} tok/s")
     runs_file = args.runs or runs_path(models, scale, args.quick, args.model is None)
     print(f"runs: {runs_file}")
     saved = json.loads(Path(runs_file).read_text()) if Path(runs_file).exists() else {}

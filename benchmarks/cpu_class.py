@@ -42,3 +42,21 @@ def describe_cpu() -> str:
     return (f"CPU: {model} | flags: {' '.join(vector) or '-'}\n"
             f"kernel variants this CPU runs: {', '.join(cpu_isa.supported())} "
             f"(default: {cpu_isa.best()})")
+
+
+def memory_bandwidth_gbs(mib: int = 512, repeats: int = 5) -> float:
+    """The machine's read+write bandwidth, GB/s: the best of `repeats` STREAM-style triads
+    (a = b + 2 c) on float32 arrays of `mib` MiB each, on torch's threads (3 arrays moved:
+    2 read, 1 written)."""
+    import time
+
+    import torch
+
+    n = mib * 2**20 // 4
+    a, b, c = torch.empty(n), torch.rand(n), torch.rand(n)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        torch.add(b, c, alpha=2.0, out=a)
+        best = min(best, time.perf_counter() - start)
+    return 3 * n * 4 / best / 1e9
