@@ -481,7 +481,7 @@ def q4_parts(raw: RawTensor, rotary_heads: int | None = None) -> GgmlInt4Weight:
     """A GGUF Q4_0 / Q4_1 / Q4_K matrix as code pairs, scales and zero-points per row (the
     same values, group size 32), with llama.cpp's q/k row permutation undone when
     `rotary_heads` is given."""
-    if raw.type_name in ("Q4_0", "Q4_1"):  # kept as the file's blocks: packed in C
+    if raw.type_name in INT4_TYPES:  # kept as the file's blocks: packed in C
         rows = None
         if rotary_heads:
             rows = unpermute_rotary(np.arange(raw.shape[0])[:, None], rotary_heads)[:, 0]

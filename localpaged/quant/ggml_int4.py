@@ -115,7 +115,7 @@ def cpu_w4_layout(pairs: np.ndarray, scales: np.ndarray, zeros: np.ndarray
     return np.ascontiguousarray(packed), np.ascontiguousarray(sb.astype(np.float16))
 
 
-_GGML_TYPE_IDS = {"Q4_0": 2, "Q4_1": 3}  # the C packer's types (gguf_pack.c)
+_GGML_TYPE_IDS = {"Q4_0": 2, "Q4_1": 3, "Q4_K": 12}  # the C packer's types (gguf_pack.c)
 
 
 class GgmlInt4Weight:

@@ -44,21 +44,22 @@ def test_direct_pack_equals_int4_route(fixture_data, type_name: str, heads: int 
     assert torch.equal(sb.view(torch.int16), want_sb.view(torch.int16))  # bit for bit
 
 
-@pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1"])
+@pytest.mark.parametrize("type_name", INT4_TYPES)
 def test_c_packer_equals_numpy_on_every_kind_of_scale(type_name: str) -> None:
-    """Random float16 bit patterns for d and m (subnormal, tiny, huge; a d of 0 makes a
-    constant Q4_1 block): the C packer's float16 rounding and float32 order are numpy's."""
+    """Random float16 bit patterns for d and m / dmin (subnormal, tiny, huge; a d of 0 makes
+    constant Q4_1 blocks, and Q4_K groups whose 6-bit scale is 0 too): the C packer's float16
+    rounding and float32 order are numpy's."""
     if not cpu_w4.available():
         pytest.skip("the CPU kernels do not build here")
     rng = np.random.default_rng(7)
-    n, k = 48, 128
-    size = 18 if type_name == "Q4_0" else 20
-    blocks = rng.integers(0, 256, (n * k // 32, size), dtype=np.uint8)
+    n, k = 48, 512
+    size, block = {"Q4_0": (18, 32), "Q4_1": (20, 32), "Q4_K": (144, 256)}[type_name]
+    blocks = rng.integers(0, 256, (n * k // block, size), dtype=np.uint8)
     exps = rng.integers(0, 30, blocks.shape[0])  # no inf / NaN
     halves = (exps << 10) | rng.integers(0, 1024, blocks.shape[0])
-    halves[::7] = 0  # d = 0: constant blocks (Q4_1)
+    halves[::7] = 0  # d = 0: constant blocks
     blocks[:, 0], blocks[:, 1] = halves & 0xFF, halves >> 8
-    if type_name == "Q4_1":
+    if type_name != "Q4_0":  # m (Q4_1) or dmin (Q4_K)
         m = rng.integers(0, 0x7800, blocks.shape[0]) | (rng.integers(0, 2, blocks.shape[0]) << 15)
         blocks[:, 2], blocks[:, 3] = m & 0xFF, m >> 8
     data = blocks.reshape(-1)

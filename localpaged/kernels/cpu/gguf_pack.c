@@ -1,11 +1,12 @@
-/* GGUF Q4_0 / Q4_1 matrices straight from the file's blocks into the 4-bit kernel's layout
+/* GGUF Q4_0 / Q4_1 / Q4_K matrices straight from the file's blocks into the 4-bit kernel's layout
  * (quant_gemm.c: `packed` pairs [N/16][K/2][16] or int8_dot.c's quads [N/16][K/4][32], and
  * `sb` float16 [N/16][K/32][2][16]), in parallel over tiles: what a model load spends most of
  * its time on otherwise. The same bytes as localpaged/quant/ggml_int4.py's numpy route
  * (`int4_pairs` then `cpu_w4_layout`), float32 operations in its order:
  *   Q4_0 (18 bytes: f16 d, 16 bytes of codes): W = d * (q - 8): s = d, b = -8 * d;
  *   Q4_1 (20 bytes: f16 d, f16 m, codes):      W = d * q + m:   s = d, b = -(-m / d) * d,
- *   or, for a block whose d is 0, codes 0 and s = b = m.
+ *   or, for a block whose d is 0, codes 0 and s = b = m;
+ *   Q4_K: per group of 32, as Q4_1 with d * sc for d and -(dmin * m) for m (see gp_q4k).
  * Code v of a block: byte v & 15 of its 16, the low nibble for v < 16, else the high one.
  * `rows[i]` is the file's row of output row i (llama.cpp's q/k permutation undone). */
 #include <stdint.h>
@@ -15,6 +16,31 @@
 
 #define GP_TILE 16
 #define GP_BLOCK 32
+
+/* Group `sub` (0..7) of a Q4_K super-block `b` (144 bytes: f16 d, f16 dmin, 12 bytes of
+ * 6-bit scales and mins, 128 bytes of codes: 32-byte run c holds group 2c in its low nibbles,
+ * 2c + 1 in its high ones): codes, scale d * sc and offset -(dmin * m), or for a group whose
+ * scale is 0 codes 0 and s = b = the offset (ggml_int4.py's `_flat_blocks`). */
+static void gp_q4k(const uint8_t *b, int sub, uint8_t q[GP_BLOCK], float *s, float *o) {
+    uint16_t h;
+    memcpy(&h, b, 2);
+    const float d = f16_to_f32(h);
+    memcpy(&h, b + 2, 2);
+    const float dmin = f16_to_f32(h);
+    const uint8_t *sc = b + 4, *qs = b + 16 + 32 * (sub / 2);
+    const int scale = sub < 4 ? sc[sub] & 63 : (sc[sub + 4] & 0xF) | (sc[sub - 4] >> 6) << 4;
+    const int min = sub < 4 ? sc[sub + 4] & 63 : (sc[sub + 4] >> 4) | (sc[sub] >> 6) << 4;
+    const float scl = d * (float)scale, off = -(dmin * (float)min);
+    for (int v = 0; v < GP_BLOCK; v++) q[v] = sub % 2 ? qs[v] >> 4 : qs[v] & 15;
+    if (scl == 0.f) {
+        memset(q, 0, GP_BLOCK);
+        *s = *o = off;
+        return;
+    }
+    const float zero = -off / scl;
+    *s = scl;
+    *o = -zero * scl;
+}
 
 /* One block's 32 codes (0..15), scale and offset. */
 static void gp_block(const uint8_t *b, int type, uint8_t q[GP_BLOCK], float *s, float *o) {
@@ -43,10 +69,12 @@ static void gp_block(const uint8_t *b, int type, uint8_t q[GP_BLOCK], float *s, 
     *o = -zero * d;
 }
 
-/* Returns 0, or -1 for a type other than Q4_0 (2) / Q4_1 (3) or shapes off the layout. */
+/* Returns 0, or -1 for a type other than Q4_0 (2) / Q4_1 (3) / Q4_K (12) or shapes off the
+ * layout. */
 int gguf_q4_pack(const uint8_t *blocks, int type, const int32_t *rows, int n, int k,
                  uint8_t *packed, uint16_t *sb, int quads, int threads) {
-    if ((type != 2 && type != 3) || n % GP_TILE || k % GP_BLOCK) return -1;
+    if ((type != 2 && type != 3 && type != 12) || n % GP_TILE || k % (type == 12 ? 256 : GP_BLOCK))
+        return -1;
     const int groups = k / GP_BLOCK, bytes = type == 2 ? 18 : 20;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int t = 0; t < n / GP_TILE; t++) {
@@ -57,7 +85,10 @@ int gguf_q4_pack(const uint8_t *blocks, int type, const int32_t *rows, int n, in
             for (int j = 0; j < GP_TILE; j++) {
                 const int r = rows[t * GP_TILE + j];
                 float s, o;
-                gp_block(blocks + ((size_t)r * groups + g) * bytes, type, q[j], &s, &o);
+                if (type == 12)
+                    gp_q4k(blocks + ((size_t)r * (k / 256) + g / 8) * 144, g % 8, q[j], &s, &o);
+                else
+                    gp_block(blocks + ((size_t)r * groups + g) * bytes, type, q[j], &s, &o);
                 st[(size_t)g * 2 * GP_TILE + j] = f32_to_f16(s);
                 st[(size_t)g * 2 * GP_TILE + GP_TILE + j] = f32_to_f16(o);
             }
