@@ -380,6 +380,27 @@ int w4_gemm_isa(void) {
 #endif
 }
 
+int w4_gemm_bf16(const uint16_t *x, const uint8_t *packed, const uint16_t *sb, uint16_t *y,
+                 int m_rows, int k, int n, int gs, int threads);
+
+/* w4_gemm_bf16 with each row's numbers independent of the others' count: through int8
+ * activations on AVX-512 builds with native bf16 (a group size that is a multiple of 8),
+ * else as w4_gemm_bf16. The native decode plan's products: a chat's decode rows then come
+ * out the same whatever else its step carries (AMX takes over from a row count on). */
+static int w4_gemm_bf16_rows(const uint16_t *x, const uint8_t *packed, const uint16_t *sb,
+                             uint16_t *y, int m_rows, int k, int n, int gs, int threads) {
+#if defined(W4_AVX512BF16) && defined(I8_AVX512)
+    if (gs % 8 == 0) {
+        float *xf = rows_to_f32(x, (size_t)m_rows * k);
+        if (xf == NULL) return -1;
+        int rc = w4_gemm_i8(xf, packed, sb, y, 1, m_rows, k, n, gs, threads, 0, 0);
+        free(xf);
+        return rc;
+    }
+#endif
+    return w4_gemm_bf16(x, packed, sb, y, m_rows, k, n, gs, threads);
+}
+
 /* y[M][N] = x[M][K] @ W.T. Needs N % 16 == 0, K % gs == 0, gs even.
  * Returns 0, or -1 when scratch memory cannot be had. */
 int w4_gemm_bf16(const uint16_t *x, const uint8_t *packed, const uint16_t *sb, uint16_t *y,
@@ -390,13 +411,8 @@ int w4_gemm_bf16(const uint16_t *x, const uint8_t *packed, const uint16_t *sb, u
 #else
     const int int8_rows = m_rows; /* VDPBF16PS measured slower than `vpdpbusd` at every M */
 #endif
-    if (m_rows <= int8_rows && gs % 8 == 0) {
-        float *xf = rows_to_f32(x, (size_t)m_rows * k);
-        if (xf == NULL) return -1;
-        int rc = w4_gemm_i8(xf, packed, sb, y, 1, m_rows, k, n, gs, threads, 0, 0);
-        free(xf);
-        return rc;
-    }
+    if (m_rows <= int8_rows && gs % 8 == 0)
+        return w4_gemm_bf16_rows(x, packed, sb, y, m_rows, k, n, gs, threads);
 #endif
 #ifdef W4_AMX
     if (m_rows >= AMX_MIN_ROWS && k % 32 == 0 && amx_allowed())
