@@ -72,10 +72,6 @@ static int w4q_linear_bf16(const struct w4_layer *w, const uint16_t *x, uint16_t
     return -2; /* the quads layout is kept for float32 models only */
 }
 
-/* The plan's 4-bit products: bf16 rows each independent of the step's row count. */
-#define plan_w4_bf16 w4_gemm_bf16_rows
-#define plan_w4_f32 w4_gemm_f32
-
 #define DL_CAT2(a, b) a##_##b
 #define DL_CAT(a, b) DL_CAT2(a, b)
 #define DL_FN(name) DL_CAT(name, DL_SUF)

@@ -37,14 +37,17 @@
 
 #define TILE 16
 #define MAX_ROWS 8
-/* Up to this many rows of bf16 x (decode steps of a few chats), a 4-bit product on AMX takes
- * int8 activations and `vpdpbusd` (int8_dot.c), as float32 models do: AMX unpacks the weight
- * to bf16 first, which costs more than a few rows' products; from 16 rows AMX is twice as
- * fast (measured on Sapphire Rapids, 2048 x 2048: 86 vs 85 GMAC/s at 8 rows, 92 vs 175 at
- * 16). Without AMX, int8 activations serve every M (VDPBF16PS: 58-98 GMAC/s, vpdpbusd
+/* Up to this many rows of bf16 x (a decode step of one or two chats), a 4-bit product on AMX
+ * takes int8 activations and `vpdpbusd` (int8_dot.c), as float32 models do: AMX unpacks the
+ * weight to bf16 first, which costs more than a row's products (measured on Sapphire Rapids,
+ * 2048 x 2048: 54 vs 42 GMAC/s at 1 row; about even from 4 to 8 rows; AMX twice as fast from
+ * 16). From 3 rows on AMX, where the AVX512-BF16 tile's boundary was: a step of 3 or more
+ * rows gives each row the same numbers whatever their count (AMX computes rows apart), so a
+ * chat's decode rows in a step beside others' prompt chunks equal a decode-only step's, as
+ * before. Without AMX, int8 activations serve every M (VDPBF16PS: 58-98 GMAC/s, vpdpbusd
  * 60-125). */
 #ifndef I8_BF16_MAX_ROWS
-#define I8_BF16_MAX_ROWS 8
+#define I8_BF16_MAX_ROWS 2
 #endif
 /* How far ahead of the unpacking the weight stream is fetched (the hardware prefetcher alone
  * leaves the unpacking waiting on memory when the weights are not in cache). */
@@ -380,27 +383,6 @@ int w4_gemm_isa(void) {
 #endif
 }
 
-int w4_gemm_bf16(const uint16_t *x, const uint8_t *packed, const uint16_t *sb, uint16_t *y,
-                 int m_rows, int k, int n, int gs, int threads);
-
-/* w4_gemm_bf16 with each row's numbers independent of the others' count: through int8
- * activations on AVX-512 builds with native bf16 (a group size that is a multiple of 8),
- * else as w4_gemm_bf16. The native decode plan's products: a chat's decode rows then come
- * out the same whatever else its step carries (AMX takes over from a row count on). */
-static int w4_gemm_bf16_rows(const uint16_t *x, const uint8_t *packed, const uint16_t *sb,
-                             uint16_t *y, int m_rows, int k, int n, int gs, int threads) {
-#if defined(W4_AVX512BF16) && defined(I8_AVX512)
-    if (gs % 8 == 0) {
-        float *xf = rows_to_f32(x, (size_t)m_rows * k);
-        if (xf == NULL) return -1;
-        int rc = w4_gemm_i8(xf, packed, sb, y, 1, m_rows, k, n, gs, threads, 0, 0);
-        free(xf);
-        return rc;
-    }
-#endif
-    return w4_gemm_bf16(x, packed, sb, y, m_rows, k, n, gs, threads);
-}
-
 /* y[M][N] = x[M][K] @ W.T. Needs N % 16 == 0, K % gs == 0, gs even.
  * Returns 0, or -1 when scratch memory cannot be had. */
 int w4_gemm_bf16(const uint16_t *x, const uint8_t *packed, const uint16_t *sb, uint16_t *y,
@@ -411,8 +393,13 @@ int w4_gemm_bf16(const uint16_t *x, const uint8_t *packed, const uint16_t *sb, u
 #else
     const int int8_rows = m_rows; /* VDPBF16PS measured slower than `vpdpbusd` at every M */
 #endif
-    if (m_rows <= int8_rows && gs % 8 == 0)
-        return w4_gemm_bf16_rows(x, packed, sb, y, m_rows, k, n, gs, threads);
+    if (m_rows <= int8_rows && gs % 8 == 0) {
+        float *xf = rows_to_f32(x, (size_t)m_rows * k);
+        if (xf == NULL) return -1;
+        int rc = w4_gemm_i8(xf, packed, sb, y, 1, m_rows, k, n, gs, threads, 0, 0);
+        free(xf);
+        return rc;
+    }
 #endif
 #ifdef W4_AMX
     if (m_rows >= AMX_MIN_ROWS && k % 32 == 0 && amx_allowed())
