@@ -50,6 +50,7 @@ SIGNATURES: dict[str, tuple[list[type], type | None]] = {
     "w4q_vector": ([], _I),
     "w4_pairs_to_quads": ([_P, _P, _L, _I, _I], None),
     "gguf_q4_pack": ([_P, _I, _P, _I, _I, _P, _P, _I, _I], _I),
+    "gguf_q8_pack": ([_P, _I, _P, _I, _I, _P, _P, _I], _I),
     "i8_dot_isa": ([], _I),
     "paged_decode_bf16": ([_P] * 4 + [_I, _P, _P] + [_I] * 5 + [_F, _I], _I),
     "decode_layer_bf16": ([_P] * 4 + [_I], _I),

@@ -338,7 +338,7 @@ class GGUFFile:
             if raw.type_name in types and len(raw.shape) == 2:
                 yield raw.name, to_4bit(raw, self._rotary_heads(raw, config))
             elif int8 and _int8_fits(raw):
-                yield raw.name, q_to_int8(raw, self._rotary_heads(raw, config))
+                yield raw.name, q8_parts(raw, self._rotary_heads(raw, config))
             else:
                 yield raw.name, self._dense(raw, config)
 
@@ -475,6 +475,19 @@ def q_to_int8(raw: RawTensor, rotary_heads: int | None = None) -> Any:
     if rotary_heads:
         blocks = blocks.permute_rows(lambda a: unpermute_rotary(a, rotary_heads))
     return blocks
+
+
+def q8_parts(raw: RawTensor, rotary_heads: int | None = None) -> Any:
+    """`q_to_int8`, kept as the file's blocks where the C packer reads the type (Q8_0, Q5_0,
+    Q6_K): packed straight into the kernel's tiles when installed."""
+    from localpaged.quant.ggml_int8 import GgmlInt8Weight
+
+    if not GgmlInt8Weight.packable(raw.type_name):
+        return q_to_int8(raw, rotary_heads)
+    rows = None
+    if rotary_heads:
+        rows = unpermute_rotary(np.arange(raw.shape[0])[:, None], rotary_heads)[:, 0]
+    return _decoded(raw, lambda: GgmlInt8Weight(raw.type_name, raw.data, *raw.shape, rows))
 
 
 def q4_parts(raw: RawTensor, rotary_heads: int | None = None) -> GgmlInt4Weight:

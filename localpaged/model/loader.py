@@ -99,10 +99,10 @@ def build_model(
         if name == "lm_head.weight" and config.tie_word_embeddings:
             continue
         if not isinstance(tensor, torch.Tensor):  # GGUF Q4 (Int4Weight) or int8 blocks
-            from localpaged.quant.ggml_int8 import Int8Blocks
+            from localpaged.quant.ggml_int8 import GgmlInt8Weight, Int8Blocks
             from localpaged.quant.loader import install_int4, install_int8
 
-            if isinstance(tensor, Int8Blocks):
+            if isinstance(tensor, (Int8Blocks, GgmlInt8Weight)):
                 install_int8(model, name, tensor, config.tie_word_embeddings)
             else:
                 install_int4(model, name, tensor, config.tie_word_embeddings)

@@ -143,3 +143,47 @@ def int8_blocks(type_name: str, data: np.ndarray, n: int, k: int) -> Int8Blocks:
         None if offsets is None else torch.from_numpy(
             np.ascontiguousarray(offsets, dtype=np.float32).reshape(n, k // block)),
         block, type_name)
+
+
+_C_TYPES = {"Q8_0": 8, "Q5_0": 6, "Q6_K": 14}  # the C packer's (kernels/cpu/gguf_pack.c)
+
+
+class GgmlInt8Weight:
+    """A GGUF matrix of a type the C packer reads (Q8_0, Q5_0, Q6_K) kept as the file's blocks
+    (a view of the mapping) and the order of its rows, until `kernel_tiles` packs it straight
+    into the 8-bit kernel's tiles (the numbers of `int8_blocks`, without its `[N, K]` arrays);
+    `blocks()` gives the `Int8Blocks` for any other use."""
+
+    def __init__(self, type_name: str, data: np.ndarray, n: int, k: int,
+                 rows: np.ndarray | None = None) -> None:
+        if type_name not in _C_TYPES:
+            raise ValueError(f"{type_name} is not packed in C (those that are: {', '.join(_C_TYPES)})")
+        gt.blocks_of(type_name, data, n * k)  # the byte count, checked now
+        self.type_name, self.data, self.shape = type_name, data, (n, k)
+        self.block = INT8_TYPES[type_name][0]
+        self.rows = np.arange(n, dtype=np.int32) if rows is None else rows.astype(np.int32)
+
+    @staticmethod
+    def packable(type_name: str) -> bool:
+        """Whether `type_name` has the C packer and the library is here."""
+        from localpaged.quant import cpu_w4
+
+        return type_name in _C_TYPES and cpu_w4.available()
+
+    def blocks(self) -> Int8Blocks:
+        b = int8_blocks(self.type_name, self.data, *self.shape)
+        return b.permute_rows(lambda a: a[self.rows])
+
+    def kernel_tiles(self) -> tuple[torch.Tensor, torch.Tensor, None]:
+        """(`tiles`, `tile_scales`, no offsets) as `cpu_w4.pack_q8` of `blocks()` gives them."""
+        from localpaged.quant import cpu_w4
+
+        n, k = self.shape
+        tiles = torch.empty(n // cpu_w4.TILE, k // 2, 2, cpu_w4.TILE, dtype=torch.int8)
+        scales = torch.empty(n // cpu_w4.TILE, k // self.block, cpu_w4.TILE, dtype=torch.float32)
+        raw = np.ascontiguousarray(self.data)
+        if cpu_w4.native.library().gguf_q8_pack(raw.ctypes.data, _C_TYPES[self.type_name],
+                                                self.rows.ctypes.data, n, k, tiles.data_ptr(),
+                                                scales.data_ptr(), torch.get_num_threads()):
+            raise ValueError(f"{self.type_name} [{n}, {k}] does not fit the kernel's tiles")
+        return tiles, scales, None

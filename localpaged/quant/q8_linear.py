@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from localpaged.quant import cpu_w4
-from localpaged.quant.ggml_int8 import Int8Blocks
+from localpaged.quant.ggml_int8 import GgmlInt8Weight, Int8Blocks
 
 
 def fits_kernel(shape: tuple[int, int], block: int) -> bool:
@@ -39,7 +39,9 @@ class Q8Linear(nn.Module):
         self.block = self.in_features // tile_scales.shape[1]
 
     @classmethod
-    def from_blocks(cls, w: Int8Blocks) -> Q8Linear:
+    def from_blocks(cls, w: Int8Blocks | GgmlInt8Weight) -> Q8Linear:
+        if isinstance(w, GgmlInt8Weight):  # the file's blocks, packed in C
+            return cls(*w.kernel_tiles())
         return cls(*cpu_w4.pack_q8(w.codes, w.scales, w.offsets))
 
     @classmethod

@@ -131,3 +131,36 @@ def test_q4_1_constant_blocks_repack_like_int4_route(fixture_data) -> None:
     want_packed, want_sb = cpu_w4.pack(q4_to_int4(raw))
     assert torch.equal(packed, want_packed)
     assert torch.equal(sb.view(torch.int16), want_sb.view(torch.int16))
+
+
+@pytest.mark.parametrize("heads", [None, 4])
+@pytest.mark.parametrize("type_name", ["Q8_0", "Q5_0", "Q6_K"])
+def test_c_int8_packer_equals_the_numpy_route(fixture_data, type_name: str,
+                                              heads: int | None) -> None:
+    """Q8_0 / Q5_0 / Q6_K from the file's blocks straight into the 8-bit kernel's tiles: the
+    tiles and scales of `Q8Linear.from_blocks(q_to_int8(...))`, bit for bit, with and without
+    llama.cpp's q/k row permutation; and random Q6_K / Q5_0 blocks (any bit pattern, no
+    inf / NaN scales) likewise."""
+    from localpaged.model.gguf_loader import q8_parts, q_to_int8
+    from localpaged.quant.ggml_int8 import GgmlInt8Weight
+    from localpaged.quant.q8_linear import Q8Linear
+
+    if not GgmlInt8Weight.packable(type_name):
+        pytest.skip("the CPU kernels do not build here")
+    rng = np.random.default_rng(3)
+    size, values = {"Q8_0": (34, 32), "Q5_0": (22, 32), "Q6_K": (210, 256)}[type_name]
+    at = 208 if type_name == "Q6_K" else 0  # where d is
+    random = rng.integers(0, 256, (48 * 512 // values, size), dtype=np.uint8)
+    halves = (rng.integers(0, 30, random.shape[0]) << 10) | rng.integers(0, 1024, random.shape[0])
+    random[:, at], random[:, at + 1] = halves & 0xFF, halves >> 8
+    cases = [_raw(type_name, fixture_data[type_name]),
+             RawTensor("w", type_name, type_name, (48, 512), random.reshape(-1))]
+    for raw in cases:
+        fast = q8_parts(raw, heads)
+        assert isinstance(fast, GgmlInt8Weight)
+        got = Q8Linear.from_blocks(fast)
+        want = Q8Linear.from_blocks(q_to_int8(raw, heads))
+        assert torch.equal(got.tiles, want.tiles)
+        assert torch.equal(got.tile_scales.view(torch.int32), want.tile_scales.view(torch.int32))
+        assert got.tile_offsets is None and want.tile_offsets is None
+        assert torch.equal(fast.blocks().codes, q_to_int8(raw, heads).codes)

@@ -109,3 +109,67 @@ int gguf_q4_pack(const uint8_t *blocks, int type, const int32_t *rows, int n, in
     }
     return 0;
 }
+
+/* GGUF Q8_0 (type 8: f16 d, 32 int8), Q5_0 (type 6: f16 d, 32 high bits, 16 bytes of low
+ * nibbles; code - 16) and Q6_K (type 14: 128 bytes of low nibbles, 64 of 2-bit highs, 16 int8
+ * scales, f16 d; code - 32, a scale d * sc per 16 values) matrices straight into the 8-bit
+ * kernel's tiles (int8_dot.c: codes [N/16][K/2][2][16], scales float32 [N/16][K/bs][16]),
+ * the numbers of localpaged/quant/ggml_int8.py (its `_q8_0`, `_q5_0`, `_q6_k`). */
+static void gp_q8_block(const uint8_t *b, int type, int8_t *q, float *s) {
+    uint16_t h;
+    if (type == 8) {
+        memcpy(&h, b, 2);
+        s[0] = f16_to_f32(h);
+        memcpy(q, b + 2, 32);
+    } else if (type == 6) {
+        uint32_t hi;
+        memcpy(&h, b, 2);
+        memcpy(&hi, b + 2, 4);
+        s[0] = f16_to_f32(h);
+        for (int v = 0; v < 32; v++) {
+            const int low = v < 16 ? b[6 + v] & 15 : b[6 + v - 16] >> 4;
+            q[v] = (int8_t)((low | (int)((hi >> v) & 1) << 4) - 16);
+        }
+    } else { /* Q6_K: 256 values, 16 scales */
+        memcpy(&h, b + 208, 2);
+        const float d = f16_to_f32(h);
+        for (int i = 0; i < 16; i++) s[i] = d * (float)(int8_t)b[192 + i];
+        for (int n = 0; n < 2; n++)
+            for (int j = 0; j < 4; j++)
+                for (int l = 0; l < 32; l++) {
+                    const uint8_t lb = b[64 * n + 32 * (j % 2) + l];
+                    const int low = j < 2 ? lb & 15 : lb >> 4;
+                    const int high = (b[128 + 32 * n + l] >> (2 * j)) & 3;
+                    q[128 * n + 32 * j + l] = (int8_t)((low | high << 4) - 32);
+                }
+    }
+}
+
+/* Returns 0, or -1 for another type or shapes off the tiles. */
+int gguf_q8_pack(const uint8_t *blocks, int type, const int32_t *rows, int n, int k,
+                 int8_t *codes, float *scales, int threads) {
+    const int values = type == 14 ? 256 : 32, bs = type == 14 ? 16 : 32;
+    const int bytes = type == 8 ? 34 : type == 6 ? 22 : type == 14 ? 210 : 0;
+    if (bytes == 0 || n % GP_TILE || k % values) return -1;
+    const int per_row = k / values, scales_per = values / bs;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int t = 0; t < n / GP_TILE; t++) {
+        int8_t *ct = codes + (size_t)t * k * GP_TILE;
+        float *st = scales + (size_t)t * (k / bs) * GP_TILE;
+        for (int j = 0; j < GP_TILE; j++) {
+            const uint8_t *row = blocks + (size_t)rows[t * GP_TILE + j] * per_row * bytes;
+            for (int blk = 0; blk < per_row; blk++) {
+                int8_t q[256];
+                float s[16];
+                gp_q8_block(row + (size_t)blk * bytes, type, q, s);
+                for (int i = 0; i < scales_per; i++)
+                    st[((size_t)blk * scales_per + i) * GP_TILE + j] = s[i];
+                for (int v = 0; v < values; v++) {
+                    const int kk = blk * values + v;
+                    ct[(size_t)(kk / 2) * 2 * GP_TILE + (kk % 2) * GP_TILE + j] = q[v];
+                }
+            }
+        }
+    }
+    return 0;
+}
