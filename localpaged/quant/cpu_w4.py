@@ -125,6 +125,15 @@ def to_pairs(packed: torch.Tensor) -> torch.Tensor:
     return (q[:, :, 0] | (q[:, :, 1] << 4)).contiguous()
 
 
+def checked_ids(ids: torch.Tensor, count: int) -> torch.Tensor:
+    """`ids` flattened, after an IndexError for any outside [0, `count`): for the embeddings
+    that gather rows out of the kernels' tiles."""
+    flat = ids.reshape(-1)
+    if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= count):
+        raise IndexError(f"token id out of range [0, {count})")
+    return flat
+
+
 def dequantize(packed: torch.Tensor, sb: torch.Tensor) -> torch.Tensor:
     """The weight `[N, K]` in float32 (stored input order) from the kernel's layout (either)."""
     packed = to_pairs(packed)

@@ -280,9 +280,7 @@ class QuantEmbedding(nn.Module):
         self.num_embeddings, self.embedding_dim = linear.out_features, linear.in_features
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        flat = ids.reshape(-1)
-        if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= self.num_embeddings):
-            raise IndexError(f"token id out of range [0, {self.num_embeddings})")
+        flat = cpu_w4.checked_ids(ids, self.num_embeddings)
         tiles, where = torch.unique(flat // cpu_w4.TILE, return_inverse=True)
         rows = cpu_w4.dequantize(self.table.w4_packed[tiles], self.table.w4_sb[tiles])
         out = rows[where * cpu_w4.TILE + flat % cpu_w4.TILE]  # each tile's 16 rows, in order

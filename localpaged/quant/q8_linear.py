@@ -120,9 +120,7 @@ class Q8Embedding(nn.Module):
         self.num_embeddings, self.embedding_dim = linear.out_features, linear.in_features
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        flat = ids.reshape(-1)
-        if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= self.num_embeddings):
-            raise IndexError(f"token id out of range [0, {self.num_embeddings})")
+        flat = cpu_w4.checked_ids(ids, self.num_embeddings)
         tile, col = flat // cpu_w4.TILE, flat % cpu_w4.TILE
         block = self.table.block
         codes = self.table.tiles[tile, :, :, col].reshape(flat.numel(), -1).float()
