@@ -80,6 +80,11 @@ class LLMEngine:
         self.itl = InterTokenLatency()
         self.clock: Callable[[], float] = time.perf_counter  # tests give a fake one
         self.runner = ModelRunner(model, num_blocks, args.block_size, self.device)
+        from localpaged.engine.loading import memory_line, resident_bytes, weights_bytes
+
+        self.weights_bytes = weights_bytes(model)
+        print(f"localpaged: {memory_line(self.weights_bytes, self.kv_bytes, num_blocks * args.block_size, resident_bytes() if self.device.type == 'cpu' else None)}",
+              file=sys.stderr, flush=True)
         self.info = info or ModelInfo(name=str(args.model))
         self.info.device, self.info.dtype = str(self.device), str(self.dtype).removeprefix("torch.")
         self.info.context_length = max_len

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -77,3 +78,33 @@ def load_model_parts(args: EngineArgs) -> tuple[Any, Any, Any, ModelInfo]:
         parameter_count=n_params, context_length=config.max_position_embeddings,
         chat_template=tokenizer.chat_template if tokenizer else None, size_bytes=size)
     return model, config, tokenizer, info
+
+
+def weights_bytes(model: Any) -> int:
+    """Bytes held by `model`'s parameters and buffers, each storage counted once (a tied
+    embedding and output layer share theirs)."""
+    seen: dict[int, int] = {}
+    for t in [*model.parameters(), *model.buffers()]:
+        if t is not None and t.device.type != "meta":
+            storage = t.untyped_storage()
+            seen[storage.data_ptr()] = storage.nbytes()
+    return sum(seen.values())
+
+
+def resident_bytes() -> int | None:
+    """This process's resident memory now (Linux /proc), or None where it cannot be read."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def memory_line(weights: int, kv: int, kv_tokens: int, resident: int | None) -> str:
+    """What the loaded engine holds: weights, KV cache (and how many tokens it takes), and
+    the rest of the process's resident memory (torch, tokenizer, buffers)."""
+    gib = 2**30
+    line = f"memory: weights {weights / gib:.2f} GiB, KV cache {kv / gib:.2f} GiB ({kv_tokens} tokens)"
+    if resident is not None:
+        line += f", other {max(0, resident - weights - kv) / gib:.2f} GiB (process {resident / gib:.2f} GiB)"
+    return line
