@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from localpaged.quant import ggml_types
-from localpaged.quant.ggml_int4 import INT4_TYPES, GgmlInt4Weight, int4_pairs, int4_parts
+from localpaged.quant.ggml_int4 import INT4_TYPES, GgmlInt4Weight, int4_parts
 from localpaged.quant.ggml_int8 import INT8_TYPES
 
 if TYPE_CHECKING:
@@ -484,24 +484,25 @@ def q8_parts(raw: RawTensor, rotary_heads: int | None = None) -> Any:
 
     if not GgmlInt8Weight.packable(raw.type_name):
         return q_to_int8(raw, rotary_heads)
-    rows = None
-    if rotary_heads:
-        rows = unpermute_rotary(np.arange(raw.shape[0])[:, None], rotary_heads)[:, 0]
+    rows = _row_order(raw, rotary_heads)
     return _decoded(raw, lambda: GgmlInt8Weight(raw.type_name, raw.data, *raw.shape, rows))
+
+
+def _row_order(raw: RawTensor, rotary_heads: int | None) -> np.ndarray | None:
+    """The file's row of each output row with llama.cpp's q/k permutation undone (None: in
+    order), for the packers that read the file's blocks row by row."""
+    if not rotary_heads:
+        return None
+    return unpermute_rotary(np.arange(raw.shape[0])[:, None], rotary_heads)[:, 0]
 
 
 def q4_parts(raw: RawTensor, rotary_heads: int | None = None) -> GgmlInt4Weight:
     """A GGUF Q4_0 / Q4_1 / Q4_K matrix as code pairs, scales and zero-points per row (the
     same values, group size 32), with llama.cpp's q/k row permutation undone when
     `rotary_heads` is given."""
-    if raw.type_name in INT4_TYPES:  # kept as the file's blocks: packed in C
-        rows = None
-        if rotary_heads:
-            rows = unpermute_rotary(np.arange(raw.shape[0])[:, None], rotary_heads)[:, 0]
-        return _decoded(raw, lambda: GgmlInt4Weight.from_blocks(raw.type_name, raw.data,
-                                                                *raw.shape, rows))
-    parts = _decoded(raw, lambda: int4_pairs(raw.type_name, raw.data, *raw.shape))
-    return GgmlInt4Weight(*_unpermuted(parts, rotary_heads))
+    rows = _row_order(raw, rotary_heads)  # kept as the file's blocks: packed in C
+    return _decoded(raw, lambda: GgmlInt4Weight.from_blocks(raw.type_name, raw.data,
+                                                            *raw.shape, rows))
 
 
 def q4_to_int4(raw: RawTensor, rotary_heads: int | None = None) -> Any:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+from gguf import GGMLQuantizationType
 
 from localpaged.quant.ggml_types import (
     BLOCK_TYPES,
@@ -115,15 +116,12 @@ def cpu_w4_layout(pairs: np.ndarray, scales: np.ndarray, zeros: np.ndarray
     return np.ascontiguousarray(packed), np.ascontiguousarray(sb.astype(np.float16))
 
 
-_GGML_TYPE_IDS = {"Q4_0": 2, "Q4_1": 3, "Q4_K": 12}  # the C packer's types (gguf_pack.c)
-
-
 class GgmlInt4Weight:
     """A GGUF 4-bit matrix as `int4_pairs` (rows `[N, ...]`), before any packing: becomes the
     CPU kernel's layout directly (`cpu_w4_pack`), or an `Int4Weight` (`to_int4`) for the
     other paths. Offers what `QuantLinear.load` asks of an `Int4Weight` to decide the path.
 
-    `from_blocks` keeps a Q4_0 / Q4_1 matrix as the file's blocks (a view of the mapping) and
+    `from_blocks` keeps a Q4_0 / Q4_1 / Q4_K matrix as the file's blocks (a view of the mapping) and
     the order of its rows: the C packer reads them straight into the kernel's layout, and the
     numpy parts are made only if another path asks for them."""
 
@@ -210,13 +208,14 @@ class GgmlInt4Weight:
 
         n, k = self._shape
         lib = cpu_w4.native.library() if cpu_w4.available() else None
-        if self._blocks is not None and self._blocks[0] in _GGML_TYPE_IDS and lib is not None:
+        if self._blocks is not None and lib is not None:  # gguf_pack.c reads every INT4_TYPES
             type_name, data, order = self._blocks
             packed = torch.empty(n // TILE, k // (4 if quads else 2), TILE * (2 if quads else 1),
                                  dtype=torch.uint8)
             sb = torch.empty(n // TILE, k // GROUP_SIZE, 2, TILE, dtype=torch.float16)
             raw = np.ascontiguousarray(data)
-            if lib.gguf_q4_pack(raw.ctypes.data, _GGML_TYPE_IDS[type_name], order.ctypes.data,
+            if lib.gguf_q4_pack(raw.ctypes.data, GGMLQuantizationType[type_name].value,
+                                order.ctypes.data,
                                 n, k, packed.data_ptr(), sb.data_ptr(), int(quads),
                                 torch.get_num_threads()):
                 raise ValueError(f"{type_name} [{n}, {k}] does not fit the kernel's tiles")

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from gguf import GGMLQuantizationType
 
 from localpaged.quant import ggml_types as gt
 
@@ -145,7 +146,7 @@ def int8_blocks(type_name: str, data: np.ndarray, n: int, k: int) -> Int8Blocks:
         block, type_name)
 
 
-_C_TYPES = {"Q8_0": 8, "Q5_0": 6, "Q6_K": 14}  # the C packer's (kernels/cpu/gguf_pack.c)
+_C_TYPES = ("Q8_0", "Q5_0", "Q6_K")  # the C packer's (kernels/cpu/gguf_pack.c)
 
 
 class GgmlInt8Weight:
@@ -182,7 +183,7 @@ class GgmlInt8Weight:
         tiles = torch.empty(n // cpu_w4.TILE, k // 2, 2, cpu_w4.TILE, dtype=torch.int8)
         scales = torch.empty(n // cpu_w4.TILE, k // self.block, cpu_w4.TILE, dtype=torch.float32)
         raw = np.ascontiguousarray(self.data)
-        if cpu_w4.native.library().gguf_q8_pack(raw.ctypes.data, _C_TYPES[self.type_name],
+        if cpu_w4.native.library().gguf_q8_pack(raw.ctypes.data, GGMLQuantizationType[self.type_name].value,
                                                 self.rows.ctypes.data, n, k, tiles.data_ptr(),
                                                 scales.data_ptr(), torch.get_num_threads()):
             raise ValueError(f"{self.type_name} [{n}, {k}] does not fit the kernel's tiles")

@@ -159,7 +159,9 @@ def install_int4(model: nn.Module, name: str, weight: Any, tied: bool = False) -
         if tuple(param.shape) != (weight.out_features, weight.in_features):
             raise ValueError(f"tensor {name!r}: expected shape {tuple(param.shape)}, found "
                              f"{(weight.out_features, weight.in_features)}")
-        if isinstance(linear, nn.Embedding) and param.device.type == "cpu":
+        from localpaged.quant import cpu_w4
+
+        if isinstance(linear, nn.Embedding) and param.device.type == "cpu" and cpu_w4.available():
             from localpaged.quant.linear import QuantEmbedding
 
             table = QuantLinear.from_int4(weight, None, param.dtype, param.device)

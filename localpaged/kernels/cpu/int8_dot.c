@@ -233,34 +233,21 @@ static inline __attribute__((always_inline)) void w4q_i8_tile_n(
     const uint8_t *wp, const uint16_t *sbp, const int8_t *xq, const float *dx, const float *xs,
     float *acc, int rows, int k, int gs) {
     const int groups = k / gs, chunks = gs / 4;
-    const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    const __m256i low = _mm256_set1_epi8(0x0f);
+#ifndef I8_VNNI
+    const __m256i ones = _mm256_set1_epi16(1);
+#endif
     __m256 out[I8_ROWS][2];
     for (int m = 0; m < I8_ROWS; m++) out[m][0] = out[m][1] = _mm256_setzero_ps();
     for (int g = 0; g < groups; g++) {
         const uint8_t *gp = wp + (size_t)g * chunks * 2 * I8_TILE;
         __m256i dot[I8_ROWS][2];
         for (int m = 0; m < I8_ROWS; m++) dot[m][0] = dot[m][1] = _mm256_setzero_si256();
-#ifdef I8_VNNI
-        for (int c = 0; c < chunks; c++) {
-            if (c % 2 == 0) _mm_prefetch((const char *)(gp + c * 32) + 1024, _MM_HINT_T0);
-            const __m256i v = _mm256_loadu_si256((const __m256i *)(gp + c * 32));
-            const __m256i a = _mm256_and_si256(v, low);                       /* cols 0-7 */
-            const __m256i b = _mm256_and_si256(_mm256_srli_epi16(v, 4), low); /* 8-15 */
-#pragma GCC unroll 4
-            for (int m = 0; m < I8_ROWS; m++) {
-                if (m >= rows) continue;
-                int32_t four;
-                memcpy(&four, xq + (size_t)m * k + (size_t)g * gs + 4 * c, sizeof four);
-                const __m256i xb = _mm256_set1_epi32(four);
-                dot[m][0] = I8_DPBUSD256(dot[m][0], a, xb);
-                dot[m][1] = I8_DPBUSD256(dot[m][1], b, xb);
-            }
-        }
-        (void)ones;
-#else
         for (int c0 = 0; c0 < chunks; c0 += 8) { /* 8 chunks: int16 sums cannot saturate */
+#ifndef I8_VNNI
             __m256i d16[I8_ROWS][2];
             for (int m = 0; m < I8_ROWS; m++) d16[m][0] = d16[m][1] = _mm256_setzero_si256();
+#endif
             const int end = c0 + 8 < chunks ? c0 + 8 : chunks;
             for (int c = c0; c < end; c++) {
                 if (c % 2 == 0) _mm_prefetch((const char *)(gp + c * 32) + 1024, _MM_HINT_T0);
@@ -273,18 +260,24 @@ static inline __attribute__((always_inline)) void w4q_i8_tile_n(
                     int32_t four;
                     memcpy(&four, xq + (size_t)m * k + (size_t)g * gs + 4 * c, sizeof four);
                     const __m256i xb = _mm256_set1_epi32(four);
+#ifdef I8_VNNI /* straight into int32 */
+                    dot[m][0] = I8_DPBUSD256(dot[m][0], a, xb);
+                    dot[m][1] = I8_DPBUSD256(dot[m][1], b, xb);
+#else
                     d16[m][0] = _mm256_add_epi16(d16[m][0], _mm256_maddubs_epi16(a, xb));
                     d16[m][1] = _mm256_add_epi16(d16[m][1], _mm256_maddubs_epi16(b, xb));
+#endif
                 }
             }
+#ifndef I8_VNNI
 #pragma GCC unroll 4
             for (int m = 0; m < I8_ROWS; m++) {
                 if (m >= rows) continue;
                 dot[m][0] = _mm256_add_epi32(dot[m][0], _mm256_madd_epi16(d16[m][0], ones));
                 dot[m][1] = _mm256_add_epi32(dot[m][1], _mm256_madd_epi16(d16[m][1], ones));
             }
-        }
 #endif
+        }
         const uint16_t *sp = sbp + (size_t)g * 2 * I8_TILE;
         const __m256 s0 = load_f16x8(sp), s1 = load_f16x8(sp + 8);
         const __m256 b0 = load_f16x8(sp + I8_TILE), b1 = load_f16x8(sp + I8_TILE + 8);
@@ -907,9 +900,13 @@ int q8_gemm_f32(const float *x, const int8_t *codes, const float *scales, const 
         return -1;
     }
     quantize_rows_i8(x, m_rows, k, bs, xq, dx, xs, threads);
-    for (size_t i = 0; i < (size_t)m_rows * k; i++) x16[i] = xq[i];
 #ifdef I8_Q8_VNNI
     const int wide = !plain && bs % 4 == 0;
+#else
+    const int wide = 0;
+#endif
+    for (size_t i = 0; !wide && i < (size_t)m_rows * k; i++) x16[i] = xq[i]; /* AVX2 tile's */
+#ifdef I8_Q8_VNNI
     int32_t *isum = wide ? malloc(sizeof(int32_t) * ((size_t)m_rows * blocks + 1)) : NULL;
     if (wide && isum == NULL) {
         free(xq);
