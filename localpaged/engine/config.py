@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -13,7 +14,8 @@ _DTYPES = ("auto", "float32", "bfloat16", "float16")
 class EngineArgs:
     """How to load the model and size the engine.
 
-    kv_cache_gb: memory for KV blocks (default 1 GiB on the CPU, 40% of free memory on CUDA);
+    kv_cache_gb: memory for KV blocks (default: on the CPU a quarter of the memory available
+    after the weights, taken as used; on CUDA 40% of free memory);
     num_kv_blocks overrides it with an exact block count (tests use tiny pools).
     max_step_ms: the time a step carrying decodes may take, so that a long prompt being read
     does not stall the chats that are streaming (see engine/step_bound.py): None (default)
@@ -60,4 +62,32 @@ class EngineArgs:
         if self.resolved_device().startswith("cuda"):
             free, _ = torch.cuda.mem_get_info()
             return 0.4 * free / 2**30
-        return 1.0
+        available = available_memory()
+        if available is None:
+            return CPU_KV_FALLBACK_GB
+        return max(CPU_KV_MIN_GB, CPU_KV_SHARE * available / 2**30)
+
+
+# The CPU's KV pool: this share of the memory available once the weights are in. Its pages
+# are taken as they are written (see LlamaForCausalLM.allocate_kv_caches), so the share is
+# what the cache may grow to (many chats, long prefix-cache history), not what it takes at
+# start; a quarter leaves the rest of the machine to the user's other programs.
+CPU_KV_SHARE = 0.25
+CPU_KV_MIN_GB = 0.25
+CPU_KV_FALLBACK_GB = 1.0  # where the available memory cannot be read
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available to new allocations (Linux MemAvailable; else the free
+    physical pages), or None where neither can be read."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None

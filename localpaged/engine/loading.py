@@ -102,9 +102,13 @@ def resident_bytes() -> int | None:
 
 def memory_line(weights: int, kv: int, kv_tokens: int, resident: int | None) -> str:
     """What the loaded engine holds: weights, KV cache (and how many tokens it takes), and
-    the rest of the process's resident memory (torch, tokenizer, buffers)."""
+    the rest of the process's resident memory (torch, tokenizer, buffers). `resident` is
+    given on the CPU, where the KV pool's pages are taken as they are written: at load it
+    holds none of them."""
     gib = 2**30
-    line = f"memory: weights {weights / gib:.2f} GiB, KV cache {kv / gib:.2f} GiB ({kv_tokens} tokens)"
-    if resident is not None:
-        line += f", other {max(0, resident - weights - kv) / gib:.2f} GiB (process {resident / gib:.2f} GiB)"
-    return line
+    if resident is None:
+        return (f"memory: weights {weights / gib:.2f} GiB, KV cache {kv / gib:.2f} GiB "
+                f"({kv_tokens} tokens)")
+    return (f"memory: weights {weights / gib:.2f} GiB, KV cache up to {kv / gib:.2f} GiB "
+            f"({kv_tokens} tokens, taken as used), other {max(0, resident - weights) / gib:.2f} "
+            f"GiB (process {resident / gib:.2f} GiB)")

@@ -8,6 +8,8 @@ Sliding-window attention (Mistral v0.1, Qwen2 with use_sliding_window) is not ap
 
 from __future__ import annotations
 
+import math
+import mmap
 from typing import Any
 
 import torch
@@ -316,10 +318,24 @@ class LlamaForCausalLM(nn.Module):
         dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
     ) -> list[KVCache]:
-        """Zeroed (K, V) caches for every layer, in the model's dtype and device by default."""
+        """Zeroed (K, V) caches for every layer, in the model's dtype and device by default.
+
+        On the CPU they lie in one anonymous memory map: the OS hands out its zeroed pages as
+        they are first written, so a pool sized for many chats takes memory as it is used."""
         shape = self.kv_cache_shape(num_blocks, block_size)
-        kw = dict(dtype=dtype or self.dtype, device=device or self.cos_sin.device)
-        return [
-            (torch.zeros(shape, **kw), torch.zeros(shape, **kw))
-            for _ in range(self.config.num_layers)
-        ]
+        dt, dev = dtype or self.dtype, torch.device(device or self.cos_sin.device)
+        layers = self.config.num_layers
+        if dev.type == "cpu":
+            pool = zeroed_on_demand((layers, 2, *shape), dt)
+            return [(pool[i, 0], pool[i, 1]) for i in range(layers)]
+        return [(torch.zeros(shape, dtype=dt, device=dev), torch.zeros(shape, dtype=dt, device=dev))
+                for _ in range(layers)]
+
+
+def zeroed_on_demand(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A CPU tensor of zeros whose memory pages are only taken when first written (an
+    anonymous private map; the tensor keeps it alive)."""
+    count = math.prod(shape)
+    buffer = mmap.mmap(-1, max(1, count * dtype.itemsize))
+    return torch.frombuffer(buffer, dtype=torch.uint8, count=count * dtype.itemsize
+                            ).view(dtype).view(shape)

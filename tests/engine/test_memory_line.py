@@ -22,10 +22,42 @@ def test_the_engine_says_what_it_holds(tiny_llama: Path, capsys: pytest.CaptureF
     assert engine.weights_bytes == weights_bytes(model)
     tokens = engine.kv_bytes // model.kv_cache_bytes_per_block(engine.args.block_size) \
         * engine.args.block_size
-    line = memory_line(engine.weights_bytes, engine.kv_bytes, tokens, None)
-    assert line in err and f"KV cache 0.01 GiB ({tokens} tokens)" in line
+    assert f"KV cache up to 0.01 GiB ({tokens} tokens, taken as used)" in err
+    assert memory_line(engine.weights_bytes, engine.kv_bytes, tokens, None) == (
+        f"memory: weights {engine.weights_bytes / 2**30:.2f} GiB, KV cache 0.01 GiB "
+        f"({tokens} tokens)")
+    assert resident_bytes() is None or resident_bytes() > engine.weights_bytes
+
+
+def test_the_cpu_kv_pool_takes_memory_as_it_is_written(tiny_llama: Path) -> None:
+    """A 1 GiB pool costs no resident memory until blocks are written, then about what was
+    written (pages of the blocks the requests took)."""
     resident = resident_bytes()
-    assert resident is None or resident > engine.kv_bytes
+    if resident is None:
+        pytest.skip("this OS does not report resident memory through /proc")
+    engine = LLMEngine.from_args(EngineArgs(model=str(tiny_llama), dtype="float32",
+                                            kv_cache_gb=1.0))
+    assert engine.kv_bytes > 0.9 * 2**30
+    after_load = resident_bytes()
+    assert after_load - resident < 0.25 * engine.kv_bytes
+    caches = engine.runner.kv_caches
+    for k, v in caches:
+        k.fill_(1.0)
+        v.fill_(1.0)
+    assert resident_bytes() - after_load > 0.9 * engine.kv_bytes
+
+
+def test_the_cpu_kv_pool_is_sized_from_available_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    from localpaged.engine import config
+
+    monkeypatch.setattr(config, "available_memory", lambda: 16 * 2**30)
+    assert EngineArgs(model="m", device="cpu").resolved_kv_cache_gb() == 4.0
+    monkeypatch.setattr(config, "available_memory", lambda: 2**29)
+    assert EngineArgs(model="m", device="cpu").resolved_kv_cache_gb() == config.CPU_KV_MIN_GB
+    monkeypatch.setattr(config, "available_memory", lambda: None)
+    assert EngineArgs(model="m", device="cpu").resolved_kv_cache_gb() == config.CPU_KV_FALLBACK_GB
+    assert EngineArgs(model="m", device="cpu", kv_cache_gb=0.5).resolved_kv_cache_gb() == 0.5
+    assert config.available_memory() is None or config.available_memory() > 0
 
 
 def test_a_tied_storage_counts_once() -> None:
