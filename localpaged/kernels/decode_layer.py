@@ -75,7 +75,7 @@ def _w4(linear: Any, dtype: torch.dtype) -> _W4 | None:
 
     k = linear.in_features
     quads = cpu_w4.is_quads(linear.w4_packed)
-    if quads and dtype != torch.float32:
+    if quads and not cpu_w4.quads_wanted(dtype):
         return None
     return _W4(linear.w4_packed.data_ptr(), linear.w4_sb.data_ptr(),
                bias.data_ptr() if bias is not None else None, k, linear.out_features,

@@ -47,6 +47,8 @@ SIGNATURES: dict[str, tuple[list[type], type | None]] = {
     "w4_i8_gemm_f32": ([_P] * 4 + [_I] * 6, _I),
     "q8_gemm_f32": ([_P] * 5 + [_I] * 6, _I),
     "w4q_gemm_f32": ([_P] * 4 + [_I] * 6, _I),
+    "w4q_gemm_bf16": ([_P] * 4 + [_I] * 5, _I),
+    "w4_bf16_via_int8": ([], _I),
     "w4q_vector": ([], _I),
     "w4_pairs_to_quads": ([_P, _P, _L, _I, _I], None),
     "gguf_q4_pack": ([_P, _I, _P, _I, _I, _P, _P, _I, _I], _I),

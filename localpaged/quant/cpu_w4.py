@@ -87,11 +87,15 @@ def fits_quads(packed: torch.Tensor, sb: torch.Tensor) -> bool:
     return k % 4 == 0 and (k // sb.shape[1]) % 4 == 0
 
 
-def quads_wanted() -> bool:
-    """Whether float32 layers take the quads layout here: the build has int8 activations and
-    vector loops for that layout (AVX2 and up; NEON has them for the pairs layout only)."""
+def quads_wanted(dtype: torch.dtype = torch.float32) -> bool:
+    """Whether layers computing in `dtype` take the quads layout here: the build has int8
+    activations and vector loops for that layout (AVX2 and up; NEON has them for the pairs
+    layout only); for bf16, only where every bf16 product goes through int8 activations
+    (AVX512-BF16 without AMX: the bf16 and AMX tiles read the pairs layout)."""
     lib = native.library()
-    return lib is not None and bool(lib.i8_dot_isa()) and bool(lib.w4q_vector())
+    if lib is None or not lib.i8_dot_isa() or not lib.w4q_vector():
+        return False
+    return dtype == torch.float32 or (dtype == torch.bfloat16 and bool(lib.w4_bf16_via_int8()))
 
 
 def to_quads(packed: torch.Tensor) -> torch.Tensor:
@@ -169,12 +173,19 @@ def _gemm(kind: str, x: torch.Tensor, packed: torch.Tensor, params: torch.Tensor
 
 def matmul(x: torch.Tensor, packed: torch.Tensor, sb: torch.Tensor,
            isa: str | None = None) -> torch.Tensor:
-    """`x @ W.T` for bf16 or float32 `x` `[M, K]` (float32 only for the quads layout);
+    """`x @ W.T` for bf16 or float32 `x` `[M, K]` (the quads layout: float32, and bf16 where
+    `quads_wanted(torch.bfloat16)`);
     `isa` picks a CPU variant (default: this process's)."""
     if is_quads(packed):
-        if x.dtype != torch.float32:
-            raise ValueError("the quads layout takes float32 activations")
-        return matmul_int8_activations(x, packed, sb, isa)
+        if x.dtype == torch.float32:
+            return matmul_int8_activations(x, packed, sb, isa)
+        lib = native.library(isa)
+        if x.dtype != torch.bfloat16 or lib is None or not lib.w4_bf16_via_int8():
+            raise ValueError("the quads layout takes float32 activations (bf16 where every "
+                             "bf16 product goes through int8: AVX512-BF16 without AMX)")
+        k = packed.shape[1] * 4
+        pairs_view = packed.view(packed.shape[0], k // 2, TILE)  # _gemm reads K from it
+        return _gemm("w4q", x, pairs_view, sb, (k // sb.shape[1],), isa)
     group_size = packed.shape[1] * 2 // sb.shape[1]
     return _gemm("w4", x, packed, sb, (group_size,), isa)
 

@@ -128,7 +128,7 @@ class QuantLinear(nn.Module):
                     or cpu_w4.holds_exactly(given)))
         self.qweight = self.scales = self.zeros = None
         if own:  # GGUF blocks go straight to the kernel's layout (the same bytes)
-            quads = self.dtype == torch.float32 and cpu_w4.quads_wanted()  # the int8 kernel's
+            quads = cpu_w4.quads_wanted(self.dtype)  # the int8 kernel's
             if parts:  # GGUF: whole groups of 32, always fit the quads layout
                 packed, self.w4_sb = given.cpu_w4_pack(quads)
             else:

@@ -101,7 +101,9 @@ def test_dense_copy_serves_wide_batches_only(cpu_kernels: str) -> None:
     assert torch.equal(layer(narrow), before_narrow)  # still the int4 op
     dense = torch.nn.functional.linear(wide, layer.dense_weight)
     assert torch.equal(layer(wide), dense)
-    torch.testing.assert_close(layer(wide), before_wide, rtol=2e-2, atol=2e-2)
+    # The int4 op's own rounding: bf16, or int8 activations for every row count on AVX-512
+    # builds with native bf16 but no AMX (within 2% of the largest output, as above).
+    assert (layer(wide).float() - before_wide.float()).abs().max() <= 0.02 * dense.float().abs().max()
 
 
 def test_int8_head_is_close_to_the_dense_head(cpu_kernels: str) -> None:

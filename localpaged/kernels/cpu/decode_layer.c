@@ -68,8 +68,7 @@ static int w4q_linear_f32(const struct w4_layer *w, const float *x, float *y, in
 
 static int w4q_linear_bf16(const struct w4_layer *w, const uint16_t *x, uint16_t *y, int rows,
                            int threads) {
-    (void)w, (void)x, (void)y, (void)rows, (void)threads;
-    return -2; /* the quads layout is kept for float32 models only */
+    return w4q_gemm_bf16(x, w->packed, w->sb, y, rows, w->k, w->n, w->group_size, threads);
 }
 
 #define DL_CAT2(a, b) a##_##b

@@ -67,19 +67,23 @@
  * weight times the rounded x, whose error is that of the centred weight, where the exact sum
  * leaves the rounding error on the codes' part alone (q * s, all of one sign: twice the error
  * in SmolLM2's log-probabilities, measured). */
-static void quantize_rows_i8(const float *x, int rows, int k, int bs, int8_t *xq, float *dx,
-                             float *xsum, int threads) {
+static inline float x_value(const void *x, int x_bf16, size_t i) {
+    return x_bf16 ? bf16_to_f32(((const uint16_t *)x)[i]) : ((const float *)x)[i];
+}
+
+static void quantize_rows_i8(const void *x, int x_bf16, int rows, int k, int bs, int8_t *xq,
+                             float *dx, float *xsum, int threads) {
     const int blocks = k / bs;
 #pragma omp parallel for num_threads(threads) schedule(static) if (rows * k >= 65536)
     for (int i = 0; i < rows * blocks; i++) {
-        const float *xb = x + (size_t)i * bs;
-        int8_t *qb = xq + (size_t)i * bs;
+        const size_t at = (size_t)i * bs;
+        int8_t *qb = xq + at;
         float amax = 0.f;
-        for (int j = 0; j < bs; j++) amax = fmaxf(amax, fabsf(xb[j]));
+        for (int j = 0; j < bs; j++) amax = fmaxf(amax, fabsf(x_value(x, x_bf16, at + j)));
         const float inv = amax > 0.f ? 127.f / amax : 0.f;
         int32_t sum = 0;
         for (int j = 0; j < bs; j++) {
-            qb[j] = (int8_t)lrintf(xb[j] * inv); /* half to even */
+            qb[j] = (int8_t)lrintf(x_value(x, x_bf16, at + j) * inv); /* half to even */
             sum += qb[j];
         }
         dx[i] = amax / 127.f;
@@ -804,10 +808,10 @@ int i8_dot_isa(void) {
 #endif
 }
 
-/* y [M][N] (float32, or bf16 when `y_bf16`) = x [M][K] @ W.T for the 4-bit pairs layout of
+/* y [M][N] (float32, or x and y bf16 when `y_bf16`) = x [M][K] @ W.T for the 4-bit pairs layout of
  * quant_gemm.c (or the quads layout, `quads`), through int8 activations per group; `plain`
  * forces the plain-C loops. Returns 0, or -1 when scratch memory cannot be had. */
-static int w4_gemm_i8(const float *x, const uint8_t *packed, const uint16_t *sb, void *y,
+static int w4_gemm_i8(const void *x, const uint8_t *packed, const uint16_t *sb, void *y,
                       int y_bf16, int m_rows, int k, int n, int gs, int threads, int plain,
                       int quads) {
     const int groups = k / gs, tiles = n / I8_TILE;
@@ -821,7 +825,7 @@ static int w4_gemm_i8(const float *x, const uint8_t *packed, const uint16_t *sb,
         free(xs);
         return -1;
     }
-    quantize_rows_i8(x, m_rows, k, gs, xq, dx, xs, threads);
+    quantize_rows_i8(x, y_bf16, m_rows, k, gs, xq, dx, xs, threads);
 #ifdef I8_AVX512
     /* The pairs layout's 512-bit tile reads x with each 8 values reordered. */
     const int wide = !plain && !quads && gs % 8 == 0;
@@ -899,7 +903,7 @@ int q8_gemm_f32(const float *x, const int8_t *codes, const float *scales, const 
         free(xs);
         return -1;
     }
-    quantize_rows_i8(x, m_rows, k, bs, xq, dx, xs, threads);
+    quantize_rows_i8(x, 0, m_rows, k, bs, xq, dx, xs, threads);
 #ifdef I8_Q8_VNNI
     const int wide = !plain && bs % 4 == 0;
 #else

@@ -383,6 +383,31 @@ int w4_gemm_isa(void) {
 #endif
 }
 
+/* 1 when bf16 products of every row count go through int8 activations here (AVX512-BF16
+ * without AMX): then bf16 models keep the quads layout (w4q_gemm_bf16), as float32 ones do. */
+int w4_bf16_via_int8(void) {
+#if defined(W4_AVX512BF16) && defined(I8_AVX512)
+#ifdef W4_AMX
+    return !amx_allowed();
+#else
+    return 1;
+#endif
+#else
+    return 0;
+#endif
+}
+
+/* y[M][N] = x[M][K] @ W.T for the quads layout, bf16 x and y, where w4_bf16_via_int8();
+ * returns -2 on other builds (the layout is not kept there for bf16). */
+int w4q_gemm_bf16(const uint16_t *x, const uint8_t *packed, const uint16_t *sb, uint16_t *y,
+                  int m_rows, int k, int n, int gs, int threads) {
+#if defined(W4_AVX512BF16) && defined(I8_AVX512)
+    if (w4_bf16_via_int8()) return w4_gemm_i8(x, packed, sb, y, 1, m_rows, k, n, gs, threads, 0, 1);
+#endif
+    (void)x, (void)packed, (void)sb, (void)y, (void)m_rows, (void)k, (void)n, (void)gs, (void)threads;
+    return -2;
+}
+
 /* y[M][N] = x[M][K] @ W.T. Needs N % 16 == 0, K % gs == 0, gs even.
  * Returns 0, or -1 when scratch memory cannot be had. */
 int w4_gemm_bf16(const uint16_t *x, const uint8_t *packed, const uint16_t *sb, uint16_t *y,
@@ -394,11 +419,7 @@ int w4_gemm_bf16(const uint16_t *x, const uint8_t *packed, const uint16_t *sb, u
     const int int8_rows = m_rows; /* VDPBF16PS measured slower than `vpdpbusd` at every M */
 #endif
     if (m_rows <= int8_rows && gs % 8 == 0) {
-        float *xf = rows_to_f32(x, (size_t)m_rows * k);
-        if (xf == NULL) return -1;
-        int rc = w4_gemm_i8(xf, packed, sb, y, 1, m_rows, k, n, gs, threads, 0, 0);
-        free(xf);
-        return rc;
+        return w4_gemm_i8(x, packed, sb, y, 1, m_rows, k, n, gs, threads, 0, 0);
     }
 #endif
 #ifdef W4_AMX
