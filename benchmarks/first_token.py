@@ -1,0 +1,115 @@
+"""From a fresh process to the first token, and the process's peak memory: localpaged with its
+defaults against llama.cpp (llama-cpp-python) on the same GGUF file (issue 14's load and
+memory targets: load <= 2x llama.cpp's, peak RSS <= 1.15x llama.cpp's).
+
+Each engine runs in a fresh process, one after the other (never at once), `--repeats` times,
+the file read once before so both find it in the page cache (this times the load, not the
+disk). A process imports its engine, loads the model, reads a 16-token prompt and returns one
+token (greedy); the parent times it from spawn to exit. Peak RSS is the child's maximum
+resident set (`ru_maxrss`), which counts the pages of a memory-mapped file it has touched, as
+llama.cpp's weights are. llama.cpp gets `n_ctx=2048`; localpaged its default KV pool (pages
+taken as written). The machine's CPU flags are printed first.
+
+    python benchmarks/first_token.py MODEL.gguf [MODEL.gguf ...] [--repeats 3]
+
+PEERS_PYTHON names the Python with llama-cpp-python (default /work/peers-venv/bin/python).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+MARK = "FIRST_TOKEN_RESULT "
+PROMPT = list(range(1000, 1016))
+
+LOCALPAGED = r"""
+import json, resource, sys, time
+t0 = time.perf_counter()
+from localpaged import LLM, SamplingParams
+t1 = time.perf_counter()
+llm = LLM(sys.argv[1])
+t2 = time.perf_counter()
+out = llm.generate([json.loads(sys.argv[2])], SamplingParams(temperature=0, max_tokens=1,
+                                                             ignore_eos=True))
+t3 = time.perf_counter()
+print(sys.argv[3] + json.dumps({"import_s": t1 - t0, "load_s": t2 - t1, "token_s": t3 - t2,
+                                "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+LLAMA_CPP = r"""
+import json, resource, sys, time
+t0 = time.perf_counter()
+import llama_cpp
+t1 = time.perf_counter()
+llm = llama_cpp.Llama(model_path=sys.argv[1], n_ctx=2048, n_threads=2, n_threads_batch=2,
+                      verbose=False)
+t2 = time.perf_counter()
+llm.eval(json.loads(sys.argv[2]))
+llm.sample(temp=0.0, top_k=1)
+t3 = time.perf_counter()
+print(sys.argv[3] + json.dumps({"import_s": t1 - t0, "load_s": t2 - t1, "token_s": t3 - t2,
+                                "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+
+def run(python: str, code: str, model: str) -> dict[str, float]:
+    """One fresh process: its own timings, its peak RSS and the wall time from spawn to exit."""
+    t = time.perf_counter()
+    done = subprocess.run([python, "-c", code, model, json.dumps(PROMPT), MARK],
+                          capture_output=True, text=True, env=os.environ)
+    wall = time.perf_counter() - t
+    line = next((ln for ln in done.stdout.splitlines() if ln.startswith(MARK)), None)
+    if done.returncode != 0 or line is None:
+        raise RuntimeError(f"{python} failed on {model}:\n{done.stderr[-2000:]}")
+    return {**json.loads(line.removeprefix(MARK)), "wall_s": wall}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("models", nargs="+")
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    sys.path.insert(0, str(HERE))
+    from cpu_class import describe_cpu
+
+    print(describe_cpu())
+    peers = os.environ.get("PEERS_PYTHON", "/work/peers-venv/bin/python")
+    engines = {"localpaged": (sys.executable, LOCALPAGED)}
+    if Path(peers).exists():
+        engines["llama.cpp"] = (peers, LLAMA_CPP)
+    else:
+        print(f"llama.cpp: {peers} not found (set PEERS_PYTHON): left out")
+    print("| model | MiB | engine | spawn to first token, s | import, s | load, s | first "
+          "token, s | peak RSS, MiB |\n|---|---|---|---|---|---|---|---|")
+    for model in args.models:
+        with open(model, "rb") as f:  # into the page cache
+            while f.read(1 << 24):
+                pass
+        size = os.path.getsize(model) / 2**20
+        runs: dict[str, list[dict[str, float]]] = {name: [] for name in engines}
+        for _ in range(args.repeats):  # alternating, so drift weighs on both alike
+            for name, (python, code) in engines.items():
+                runs[name].append(run(python, code, model))
+        for name, rs in runs.items():
+            med = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
+            print(f"| {Path(model).name} | {size:.0f} | {name} | {med['wall_s']:.2f} | "
+                  f"{med['import_s']:.2f} | {med['load_s']:.2f} | {med['token_s']:.2f} | "
+                  f"{med['rss_mib']:.0f} |", flush=True)
+        if len(runs) == 2:
+            a, b = (statistics.median(r["wall_s"] for r in runs[n]) for n in engines)
+            ra, rb = (statistics.median(r["rss_mib"] for r in runs[n]) for n in engines)
+            print(f"| {Path(model).name} | | localpaged / llama.cpp | {a / b:.2f} (<= 2) | | | | "
+                  f"{ra / rb:.2f} (<= 1.15) |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
