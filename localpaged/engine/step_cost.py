@@ -74,7 +74,8 @@ def _prefill_features(s: StepShape) -> list[float]:
 
 
 class DecayedLeastSquares:
-    """y ~ x . theta over exponentially weighted observations, theta[1:] >= 0."""
+    """y ~ x . theta over exponentially weighted observations, theta >= 0 (the fixed part
+    too: fitted below 0 it let the per-token slopes, and so a whole prompt, look cheap)."""
 
     def __init__(self, num_features: int) -> None:
         self.n = num_features
@@ -104,8 +105,8 @@ class DecayedLeastSquares:
         return self._theta
 
     def _solve(self) -> list[float]:
-        # Drop the most negative non-intercept coefficient and solve again, until none is
-        # negative (a small active-set NNLS; five features at most).
+        # Drop the most negative coefficient and solve again, until none is negative (a
+        # small active-set NNLS; five features at most).
         active = list(range(self.n))
         while True:
             sub = _solve_linear([[self.xtx[i][j] + (RIDGE if i == j and i else 0.0)
@@ -114,7 +115,7 @@ class DecayedLeastSquares:
             theta = [0.0] * self.n
             for i, v in zip(active, sub):
                 theta[i] = v
-            worst = min(active[1:], key=lambda i: theta[i], default=None)
+            worst = min(active, key=lambda i: theta[i], default=None)
             if worst is None or theta[worst] >= 0:
                 return theta
             active.remove(worst)

@@ -131,3 +131,18 @@ def test_a_feature_that_barely_varied_is_not_extrapolated() -> None:
         four = model.predict(StepShape(4, 4 * 160))
         assert one is not None and four is not None
         assert 0.01 < one < 0.03 and four < 2 * one
+
+
+def test_no_coefficient_is_fitted_below_zero_the_fixed_part_included() -> None:
+    """Steps whose cost grows faster than linearly along a feature (long prompts read alone:
+    attention) fit a line with a negative fixed part; held at >= 0, a short chunk is never
+    predicted to cost less than nothing (which let the step bound hand a streaming chat's step
+    a whole 512-token chunk)."""
+    from localpaged.engine.step_cost import DecayedLeastSquares
+
+    fit = DecayedLeastSquares(2)
+    for t in range(1, 6):
+        fit.observe([1.0, float(t)], 2.0 * t - 1.0 + 0.1 * t * t)
+    theta = fit.theta()
+    assert all(c >= 0 for c in theta)
+    assert fit.predict([1.0, 0.0]) >= 0 and fit.predict([1.0, 0.1]) > 0
