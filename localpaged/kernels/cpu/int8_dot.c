@@ -303,6 +303,24 @@ static inline __attribute__((always_inline)) void w4q_i8_tile_n(
 }
 
 #ifdef I8_AVX512
+/* Group g of a 16-column tile done: its float16 scales s and offsets o applied to each row's
+ * integer sums, out[m] += s * (dx * dot[m]) + o * xs (both 512-bit 4-bit tiles). */
+static inline __attribute__((always_inline)) void w4_i8_group512(
+    const uint16_t *sbp, int g, const __m512i *dot, const float *dx, const float *xs,
+    int groups, int rows, __m512 *out) {
+    const uint16_t *sp = sbp + (size_t)g * 2 * I8_TILE;
+    const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)sp));
+    const __m512 o = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sp + I8_TILE)));
+#pragma GCC unroll 4
+    for (int m = 0; m < I8_ROWS; m++) {
+        if (m >= rows) continue;
+        const __m512 d = _mm512_set1_ps(dx[(size_t)m * groups + g]);
+        const __m512 sx = _mm512_set1_ps(xs[(size_t)m * groups + g]);
+        out[m] = _mm512_fmadd_ps(s, _mm512_mul_ps(d, _mm512_cvtepi32_ps(dot[m])), out[m]);
+        out[m] = _mm512_fmadd_ps(o, sx, out[m]);
+    }
+}
+
 /* w4q_i8_tile_n 16 columns wide: a chunk's 32 bytes go to both halves of a zmm, the upper
  * half shifted by 4, so that one AND gives the codes of all 16 columns x 4 values of K and
  * each row costs one broadcast and one `vpdpbusd` (with VNNI; else `vpmaddubsw` into int16
@@ -387,17 +405,7 @@ static inline __attribute__((always_inline)) void w4q_i8_tile512_n(
             }
         }
 #endif
-        const uint16_t *sp = sbp + (size_t)g * 2 * I8_TILE;
-        const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)sp));
-        const __m512 o = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sp + I8_TILE)));
-#pragma GCC unroll 4
-        for (int m = 0; m < I8_ROWS; m++) {
-            if (m >= rows) continue;
-            const __m512 d = _mm512_set1_ps(dx[(size_t)m * groups + g]);
-            const __m512 sx = _mm512_set1_ps(xs[(size_t)m * groups + g]);
-            out[m] = _mm512_fmadd_ps(s, _mm512_mul_ps(d, _mm512_cvtepi32_ps(dot[m])), out[m]);
-            out[m] = _mm512_fmadd_ps(o, sx, out[m]);
-        }
+        w4_i8_group512(sbp, g, dot, dx, xs, groups, rows, out);
     }
     for (int m = 0; m < rows; m++) _mm512_storeu_ps(acc + m * I8_TILE, out[m]);
 }
@@ -450,18 +458,11 @@ static inline __attribute__((always_inline)) void w4_i8_tile512_n(
                 odd[m] = i8_dp4(odd[m], hi, _mm512_set1_epi32(four[1]));
             }
         }
-        const uint16_t *sp = sbp + (size_t)g * 2 * I8_TILE;
-        const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)sp));
-        const __m512 o = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sp + I8_TILE)));
+        __m512i dot[I8_ROWS];
 #pragma GCC unroll 4
-        for (int m = 0; m < I8_ROWS; m++) {
-            if (m >= rows) continue;
-            const __m512i dot = _mm512_add_epi32(even[m], odd[m]);
-            const __m512 d = _mm512_set1_ps(dx[(size_t)m * groups + g]);
-            const __m512 sx = _mm512_set1_ps(xs[(size_t)m * groups + g]);
-            out[m] = _mm512_fmadd_ps(s, _mm512_mul_ps(d, _mm512_cvtepi32_ps(dot)), out[m]);
-            out[m] = _mm512_fmadd_ps(o, sx, out[m]);
-        }
+        for (int m = 0; m < I8_ROWS; m++)
+            if (m < rows) dot[m] = _mm512_add_epi32(even[m], odd[m]);
+        w4_i8_group512(sbp, g, dot, dx, xs, groups, rows, out);
     }
     for (int m = 0; m < rows; m++) _mm512_storeu_ps(acc + m * I8_TILE, out[m]);
 }
