@@ -87,12 +87,13 @@ def fits_quads(packed: torch.Tensor, sb: torch.Tensor) -> bool:
     return k % 4 == 0 and (k // sb.shape[1]) % 4 == 0
 
 
-def quads_wanted(dtype: torch.dtype = torch.float32) -> bool:
-    """Whether layers computing in `dtype` take the quads layout here: the build has int8
-    activations and vector loops for that layout (AVX2 and up; NEON has them for the pairs
-    layout only); for bf16, only where every bf16 product goes through int8 activations
-    (AVX512-BF16 without AMX: the bf16 and AMX tiles read the pairs layout)."""
-    lib = native.library()
+def quads_wanted(dtype: torch.dtype = torch.float32, isa: str | None = None) -> bool:
+    """Whether layers computing in `dtype` take the quads layout in the build for `isa`
+    (default: this process's): the build has int8 activations and vector loops for that
+    layout (AVX2 and up; NEON has them for the pairs layout only); for bf16, only where every
+    bf16 product goes through int8 activations (AVX512-BF16 without AMX: the bf16 and AMX
+    tiles read the pairs layout)."""
+    lib = native.library(isa)
     if lib is None or not lib.i8_dot_isa() or not lib.w4q_vector():
         return False
     return dtype == torch.float32 or (dtype == torch.bfloat16 and bool(lib.w4_bf16_via_int8()))
@@ -179,13 +180,11 @@ def matmul(x: torch.Tensor, packed: torch.Tensor, sb: torch.Tensor,
     if is_quads(packed):
         if x.dtype == torch.float32:
             return matmul_int8_activations(x, packed, sb, isa)
-        lib = native.library(isa)
-        if x.dtype != torch.bfloat16 or lib is None or not lib.w4_bf16_via_int8():
+        if x.dtype != torch.bfloat16 or not quads_wanted(torch.bfloat16, isa):
             raise ValueError("the quads layout takes float32 activations (bf16 where every "
                              "bf16 product goes through int8: AVX512-BF16 without AMX)")
-        k = packed.shape[1] * 4
-        pairs_view = packed.view(packed.shape[0], k // 2, TILE)  # _gemm reads K from it
-        return _gemm("w4q", x, pairs_view, sb, (k // sb.shape[1],), isa)
+        pairs_view, group_size = _pairs_view(packed, sb)
+        return _gemm("w4q", x, pairs_view, sb, (group_size,), isa)
     group_size = packed.shape[1] * 2 // sb.shape[1]
     return _gemm("w4", x, packed, sb, (group_size,), isa)
 
@@ -264,12 +263,16 @@ def matmul_int8_activations(x: torch.Tensor, packed: torch.Tensor, sb: torch.Ten
     the plain-C loops), for either 4-bit layout; what `matmul` does for float32 where
     `int8_activations()`."""
     quads = is_quads(packed)
-    k = packed.shape[1] * (4 if quads else 2)
-    group_size = k // sb.shape[1]
-    if quads:  # _gemm reads K from the pairs shape: give it that view of the same bytes
-        packed = packed.view(packed.shape[0], k // 2, TILE)
-    return _gemm("w4q" if quads else "w4_i8", x.float(), packed, sb, (group_size,), isa,
+    view, group_size = _pairs_view(packed, sb)
+    return _gemm("w4q" if quads else "w4_i8", x.float(), view, sb, (group_size,), isa,
                  plain=plain)
+
+
+def _pairs_view(packed: torch.Tensor, sb: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """`packed` (either layout) in the pairs layout's shape, which `_gemm` reads K from (the
+    same bytes), and the group size."""
+    k = packed.shape[1] * (4 if is_quads(packed) else 2)
+    return packed.view(packed.shape[0], k // 2, TILE), k // sb.shape[1]
 
 
 def quantize_activations(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
