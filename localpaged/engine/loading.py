@@ -43,7 +43,7 @@ def load_model_parts(args: EngineArgs) -> tuple[Any, Any, Any, ModelInfo]:
     path, name, entry = _resolve(args.model)
     device = args.resolved_device()
     print(f"localpaged: loading {name} on {device} ...", file=sys.stderr, flush=True)
-    tokenizer_job = None
+    gguf_tokenizer = None
     if path.suffix == ".gguf":
         from concurrent.futures import ThreadPoolExecutor
 
@@ -52,9 +52,9 @@ def load_model_parts(args: EngineArgs) -> tuple[Any, Any, Any, ModelInfo]:
         # Built beside the weights: importing transformers and reading the vocabulary is
         # mostly Python, the weights mostly C (which leaves the interpreter free meanwhile).
         with ThreadPoolExecutor(1, thread_name_prefix="localpaged-tokenizer") as pool:
-            tokenizer_job = pool.submit(tokenizer_from_gguf, path)
+            job = pool.submit(tokenizer_from_gguf, path)
             model, config = load_model(path, dtype=args.dtype, device=device)
-            tokenizer_job.result()  # its error, if any, after the weights' own
+            gguf_tokenizer = job.result()  # its error, if any, after the weights' own
     else:
         model, config = load_model(path, dtype=args.dtype, device=device)
     print(f"localpaged: computing in {str(model.dtype).removeprefix('torch.')} "
@@ -62,7 +62,7 @@ def load_model_parts(args: EngineArgs) -> tuple[Any, Any, Any, ModelInfo]:
     if path.suffix == ".gguf":
         from localpaged.model.gguf_loader import open_gguf
 
-        tokenizer = tokenizer_job.result()
+        tokenizer = gguf_tokenizer
         fmt = "gguf"
         from localpaged.model.loader import gguf_int8, gguf_kept_types
 
