@@ -413,14 +413,10 @@ int w4q_gemm_bf16(const uint16_t *x, const uint8_t *packed, const uint16_t *sb, 
 int w4_gemm_bf16(const uint16_t *x, const uint8_t *packed, const uint16_t *sb, uint16_t *y,
                  int m_rows, int k, int n, int gs, int threads) {
 #if defined(W4_AVX512BF16) && defined(I8_AVX512)
-#ifdef W4_AMX
-    const int int8_rows = amx_allowed() ? I8_BF16_MAX_ROWS : m_rows;
-#else
-    const int int8_rows = m_rows; /* VDPBF16PS measured slower than `vpdpbusd` at every M */
-#endif
-    if (m_rows <= int8_rows && gs % 8 == 0) {
+    /* int8 activations: every M without AMX (VDPBF16PS measured slower than `vpdpbusd` at
+     * every M), up to I8_BF16_MAX_ROWS rows with it */
+    if ((w4_bf16_via_int8() || m_rows <= I8_BF16_MAX_ROWS) && gs % 8 == 0)
         return w4_gemm_i8(x, packed, sb, y, 1, m_rows, k, n, gs, threads, 0, 0);
-    }
 #endif
 #ifdef W4_AMX
     if (m_rows >= AMX_MIN_ROWS && k % 32 == 0 && amx_allowed())
