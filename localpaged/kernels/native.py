@@ -46,6 +46,7 @@ SIGNATURES: dict[str, tuple[list[type], type | None]] = {
     "w4_gemm_f32_exact": ([_P] * 4 + [_I] * 5, _I),
     "w4_i8_gemm_f32": ([_P] * 4 + [_I] * 6, _I),
     "q8_gemm_f32": ([_P] * 5 + [_I] * 6, _I),
+    "q8_gemm_bf16": ([_P] * 5 + [_I] * 5, _I),
     "w4q_gemm_f32": ([_P] * 4 + [_I] * 6, _I),
     "w4q_gemm_bf16": ([_P] * 4 + [_I] * 5, _I),
     "w4_bf16_via_int8": ([], _I),

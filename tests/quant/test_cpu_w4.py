@@ -141,6 +141,15 @@ def test_q8_blocks_equal_the_int8_product(cpu_variant: str, rows: int, block: in
         assert (got.double() - exact).abs().max() <= 2**-18 * exact.abs().max()
     ref = x.double() @ w.t()
     assert (got.double() - ref).abs().max() <= INT8_ACTIVATIONS * ref.abs().max()
+    # bf16 rows (the native decode plan of a bf16 model): read as they are, the product
+    # rounded to bf16, the float32 path's numbers exactly
+    xb = x.bfloat16()
+    yb = torch.empty(rows, n, dtype=torch.bfloat16)
+    assert native.library().q8_gemm_bf16(
+        xb.data_ptr(), tiles.data_ptr(), tile_scales.data_ptr(),
+        tile_offsets.data_ptr() if tile_offsets is not None else None, yb.data_ptr(), rows, k,
+        n, block, torch.get_num_threads()) == 0
+    assert torch.equal(yb, cpu_w4.matmul_q8(xb, tiles, tile_scales, tile_offsets).bfloat16())
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "f32"])

@@ -49,16 +49,11 @@ static int q8_linear_f32(const struct w4_layer *w, const float *x, float *y, int
                        threads, 0);
 }
 
-/* bf16 models: x widened to float32, the product rounded back (int8 activations either way). */
+/* bf16 models: the rows read as they are, the product rounded to bf16 (int8 activations). */
 static int q8_linear_bf16(const struct w4_layer *w, const uint16_t *x, uint16_t *y, int rows,
                           int threads) {
-    float *xf = rows_to_f32(x, (size_t)rows * w->k);
-    float *yf = malloc(sizeof(float) * ((size_t)rows * w->n + 1));
-    int rc = xf == NULL || yf == NULL ? -1 : q8_linear_f32(w, xf, yf, rows, threads);
-    for (size_t i = 0; rc == 0 && i < (size_t)rows * w->n; i++) y[i] = f32_to_bf16(yf[i]);
-    free(xf);
-    free(yf);
-    return rc;
+    return q8_gemm_bf16(x, w->codes8, w->scales8, w->offsets8, y, rows, w->k, w->n, w->block8,
+                        threads);
 }
 
 static int w4q_linear_f32(const struct w4_layer *w, const float *x, float *y, int rows,

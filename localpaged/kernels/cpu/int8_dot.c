@@ -809,6 +809,14 @@ int i8_dot_isa(void) {
 #endif
 }
 
+/* One row of a tile's 16 results into y at `at`: float32, or rounded to bf16 (`y_bf16`). */
+static inline void store_tile_row(void *y, int y_bf16, size_t at, const float *acc) {
+    if (y_bf16)
+        for (int j = 0; j < I8_TILE; j++) ((uint16_t *)y)[at + j] = f32_to_bf16(acc[j]);
+    else
+        memcpy((float *)y + at, acc, sizeof(float) * I8_TILE);
+}
+
 /* y [M][N] (float32, or x and y bf16 when `y_bf16`) = x [M][K] @ W.T for the 4-bit pairs layout of
  * quant_gemm.c (or the quads layout, `quads`), through int8 activations per group; `plain`
  * forces the plain-C loops. Returns 0, or -1 when scratch memory cannot be had. */
@@ -867,13 +875,9 @@ static int w4_gemm_i8(const void *x, const uint8_t *packed, const uint16_t *sb, 
                 w4q_i8_tile_plain(wp, sbp, xm, dm, sm, acc, rows, k, gs);
             else
                 w4_i8_tile_plain(wp, sbp, xm, dm, sm, acc, rows, k, gs);
-            for (int m = 0; m < rows; m++) {
-                const size_t at = (size_t)(m0 + m) * n + (size_t)t * I8_TILE;
-                if (y_bf16)
-                    for (int j = 0; j < I8_TILE; j++) ((uint16_t *)y)[at + j] = f32_to_bf16(acc[m * I8_TILE + j]);
-                else
-                    memcpy((float *)y + at, acc + m * I8_TILE, sizeof(float) * I8_TILE);
-            }
+            for (int m = 0; m < rows; m++)
+                store_tile_row(y, y_bf16, (size_t)(m0 + m) * n + (size_t)t * I8_TILE,
+                               acc + m * I8_TILE);
         }
     }
     free(xq);
@@ -885,12 +889,13 @@ static int w4_gemm_i8(const void *x, const uint8_t *packed, const uint16_t *sb, 
     return 0;
 }
 
-/* y [M][N] float32 = x [M][K] @ W.T for 8-bit blocks of `bs` values (see the top),
- * through int8 activations per block; `offsets` may be NULL; `plain` forces the plain-C
- * loops. Needs N % 16 == 0, K % bs == 0, bs even. Returns 0, or -1 when scratch memory
- * cannot be had. */
-int q8_gemm_f32(const float *x, const int8_t *codes, const float *scales, const float *offsets,
-                float *y, int m_rows, int k, int n, int bs, int threads, int plain) {
+/* y [M][N] (float32, or x and y bf16 when `y_bf16`) = x [M][K] @ W.T for 8-bit blocks of
+ * `bs` values (see the top), through int8 activations per block; `offsets` may be NULL;
+ * `plain` forces the plain-C loops. Needs N % 16 == 0, K % bs == 0, bs even. Returns 0, or -1
+ * when scratch memory cannot be had. */
+static int q8_gemm_i8(const void *x, const int8_t *codes, const float *scales,
+                      const float *offsets, void *y, int y_bf16, int m_rows, int k, int n, int bs,
+                      int threads, int plain) {
     const int blocks = k / bs, tiles = n / I8_TILE;
     (void)plain;
     int8_t *xq = malloc((size_t)m_rows * k + 64);
@@ -904,7 +909,7 @@ int q8_gemm_f32(const float *x, const int8_t *codes, const float *scales, const 
         free(xs);
         return -1;
     }
-    quantize_rows_i8(x, 0, m_rows, k, bs, xq, dx, xs, threads);
+    quantize_rows_i8(x, y_bf16, m_rows, k, bs, xq, dx, xs, threads);
 #ifdef I8_Q8_VNNI
     const int wide = !plain && bs % 4 == 0;
 #else
@@ -952,8 +957,8 @@ int q8_gemm_f32(const float *x, const int8_t *codes, const float *scales, const 
 #endif
                 q8_i8_tile_plain(wp, sp, op, xq + (size_t)m0 * k, dm, sm, acc, rows, k, bs);
             for (int m = 0; m < rows; m++)
-                memcpy(y + (size_t)(m0 + m) * n + (size_t)t * I8_TILE, acc + m * I8_TILE,
-                       sizeof(float) * I8_TILE);
+                store_tile_row(y, y_bf16, (size_t)(m0 + m) * n + (size_t)t * I8_TILE,
+                               acc + m * I8_TILE);
         }
     }
     free(xq);
@@ -964,6 +969,18 @@ int q8_gemm_f32(const float *x, const int8_t *codes, const float *scales, const 
     free(isum);
 #endif
     return 0;
+}
+
+int q8_gemm_f32(const float *x, const int8_t *codes, const float *scales, const float *offsets,
+                float *y, int m_rows, int k, int n, int bs, int threads, int plain) {
+    return q8_gemm_i8(x, codes, scales, offsets, y, 0, m_rows, k, n, bs, threads, plain);
+}
+
+/* The same for bf16 x and y (the rows read as they are, the products rounded to bf16). */
+int q8_gemm_bf16(const uint16_t *x, const int8_t *codes, const float *scales,
+                 const float *offsets, uint16_t *y, int m_rows, int k, int n, int bs,
+                 int threads) {
+    return q8_gemm_i8(x, codes, scales, offsets, y, 1, m_rows, k, n, bs, threads, 0);
 }
 
 /* The 4-bit product through int8 activations for float32 x and y, for the tests:
