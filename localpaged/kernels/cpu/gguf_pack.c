@@ -17,10 +17,24 @@
 #define GP_TILE 16
 #define GP_BLOCK 32
 
+/* A group's `W = scale * q + offset` as the kernel's scale s and offset b (the value at code 0,
+ * rounded through the zero point -offset / scale as the numpy route does), or for a group
+ * whose scale is 0 codes 0 and s = b = offset. */
+static void gp_affine(float scale, float offset, uint8_t q[GP_BLOCK], float *s, float *o) {
+    if (scale == 0.f) {
+        memset(q, 0, GP_BLOCK);
+        *s = *o = offset;
+        return;
+    }
+    const float zero = -offset / scale;
+    *s = scale;
+    *o = -zero * scale;
+}
+
 /* Group `sub` (0..7) of a Q4_K super-block `b` (144 bytes: f16 d, f16 dmin, 12 bytes of
  * 6-bit scales and mins, 128 bytes of codes: 32-byte run c holds group 2c in its low nibbles,
- * 2c + 1 in its high ones): codes, scale d * sc and offset -(dmin * m), or for a group whose
- * scale is 0 codes 0 and s = b = the offset (ggml_int4.py's `_flat_blocks`). */
+ * 2c + 1 in its high ones): codes, and scale d * sc and offset -(dmin * m) through gp_affine
+ * (ggml_int4.py's `_flat_blocks` for a scale of 0). */
 static void gp_q4k(const uint8_t *b, int sub, uint8_t q[GP_BLOCK], float *s, float *o) {
     uint16_t h;
     memcpy(&h, b, 2);
@@ -32,14 +46,7 @@ static void gp_q4k(const uint8_t *b, int sub, uint8_t q[GP_BLOCK], float *s, flo
     const int min = sub < 4 ? sc[sub + 4] & 63 : (sc[sub + 4] >> 4) | (sc[sub] >> 6) << 4;
     const float scl = d * (float)scale, off = -(dmin * (float)min);
     for (int v = 0; v < GP_BLOCK; v++) q[v] = sub % 2 ? qs[v] >> 4 : qs[v] & 15;
-    if (scl == 0.f) {
-        memset(q, 0, GP_BLOCK);
-        *s = *o = off;
-        return;
-    }
-    const float zero = -off / scl;
-    *s = scl;
-    *o = -zero * scl;
+    gp_affine(scl, off, q, s, o);
 }
 
 /* One block's 32 codes (0..15), scale and offset. */
@@ -58,15 +65,7 @@ static void gp_block(const uint8_t *b, int type, uint8_t q[GP_BLOCK], float *s, 
         return;
     }
     memcpy(&h, b + 2, 2);
-    const float m = f16_to_f32(h);
-    if (d == 0.f) {
-        memset(q, 0, GP_BLOCK);
-        *s = *o = m;
-        return;
-    }
-    const float zero = -m / d;
-    *s = d;
-    *o = -zero * d;
+    gp_affine(d, f16_to_f32(h), q, s, o);
 }
 
 /* Returns 0, or -1 for a type other than Q4_0 (2) / Q4_1 (3) / Q4_K (12) or shapes off the
