@@ -21,6 +21,7 @@ weight's group, or Q8_0's 32), as llama.cpp does, `kernels/cpu/int8_dot.c`.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from localpaged.kernels import native
@@ -137,6 +138,20 @@ def checked_ids(ids: torch.Tensor, count: int) -> torch.Tensor:
     if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= count):
         raise IndexError(f"token id out of range [0, {count})")
     return flat
+
+
+def gguf_pack(kernel: str, type_name: str, data: np.ndarray, rows: np.ndarray, n: int, k: int,
+              *outputs: int) -> None:
+    """Run the C packer `kernel` (kernels/cpu/gguf_pack.c) on a GGUF matrix `[n, k]` of
+    `type_name` from its file bytes `data`, output row i from the file's row `rows[i]`
+    (int32), into the kernel-layout tensors at `outputs` (pointers, then the packer's flags)."""
+    from gguf import GGMLQuantizationType
+
+    raw = np.ascontiguousarray(data)
+    if getattr(native.library(), kernel)(raw.ctypes.data, GGMLQuantizationType[type_name].value,
+                                         rows.ctypes.data, n, k, *outputs,
+                                         torch.get_num_threads()):
+        raise ValueError(f"{type_name} [{n}, {k}] does not fit the kernel's tiles")
 
 
 def dequantize(packed: torch.Tensor, sb: torch.Tensor) -> torch.Tensor:

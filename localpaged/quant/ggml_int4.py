@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from gguf import GGMLQuantizationType
 
 from localpaged.quant.ggml_types import (
     BLOCK_TYPES,
@@ -207,18 +206,13 @@ class GgmlInt4Weight:
         from localpaged.quant import cpu_w4
 
         n, k = self._shape
-        lib = cpu_w4.native.library() if cpu_w4.available() else None
-        if self._blocks is not None and lib is not None:  # gguf_pack.c reads every INT4_TYPES
+        if self._blocks is not None and cpu_w4.available():  # gguf_pack.c reads every INT4_TYPES
             type_name, data, order = self._blocks
             packed = torch.empty(n // TILE, k // (4 if quads else 2), TILE * (2 if quads else 1),
                                  dtype=torch.uint8)
             sb = torch.empty(n // TILE, k // GROUP_SIZE, 2, TILE, dtype=torch.float16)
-            raw = np.ascontiguousarray(data)
-            if lib.gguf_q4_pack(raw.ctypes.data, GGMLQuantizationType[type_name].value,
-                                order.ctypes.data,
-                                n, k, packed.data_ptr(), sb.data_ptr(), int(quads),
-                                torch.get_num_threads()):
-                raise ValueError(f"{type_name} [{n}, {k}] does not fit the kernel's tiles")
+            cpu_w4.gguf_pack("gguf_q4_pack", type_name, data, order, n, k, packed.data_ptr(),
+                             sb.data_ptr(), int(quads))
             return packed, sb
         packed, sb = cpu_w4_layout(self.pairs, self.s, self.z)
         out = torch.from_numpy(packed)

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from gguf import GGMLQuantizationType
 
 from localpaged.quant import ggml_types as gt
 
@@ -182,9 +181,6 @@ class GgmlInt8Weight:
         n, k = self.shape
         tiles = torch.empty(n // cpu_w4.TILE, k // 2, 2, cpu_w4.TILE, dtype=torch.int8)
         scales = torch.empty(n // cpu_w4.TILE, k // self.block, cpu_w4.TILE, dtype=torch.float32)
-        raw = np.ascontiguousarray(self.data)
-        if cpu_w4.native.library().gguf_q8_pack(raw.ctypes.data, GGMLQuantizationType[self.type_name].value,
-                                                self.rows.ctypes.data, n, k, tiles.data_ptr(),
-                                                scales.data_ptr(), torch.get_num_threads()):
-            raise ValueError(f"{self.type_name} [{n}, {k}] does not fit the kernel's tiles")
+        cpu_w4.gguf_pack("gguf_q8_pack", self.type_name, self.data, self.rows, n, k,
+                         tiles.data_ptr(), scales.data_ptr())
         return tiles, scales, None
