@@ -423,6 +423,16 @@ static inline __m512i i8_dp4(__m512i acc, __m512i u, __m512i s) {
 #endif
 }
 
+/* 64 bytes of a tile's 16 columns, four bytes of K per column spread over four 16-byte
+ * rows, transposed so that int32 lane j holds column j's four bytes (`vpermd` across the
+ * 128-bit lanes, then `vpshufb` within them): the 4-bit pairs tile's and the 8-bit tile's. */
+static inline __m512i i8_columns_512(const void *p) {
+    const __m512i across = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
+    const __m512i within = _mm512_broadcast_i32x4(
+        _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15));
+    return _mm512_shuffle_epi8(_mm512_permutexvar_epi32(across, _mm512_loadu_si512(p)), within);
+}
+
 /* The pairs layout in the 512-bit tile: the 64 bytes of four pairs (rows 2p..2p+7 of 16
  * columns) are transposed so that each int32 lane holds one column's four bytes (`vpermd`
  * across 128-bit lanes, then `vpshufb` within them); their low nibbles are the codes of rows
@@ -433,9 +443,6 @@ static inline __attribute__((always_inline)) void w4_i8_tile512_n(
     float *acc, int rows, int k, int gs) {
     const int groups = k / gs, quads = gs / 8;
     const __m512i low = _mm512_set1_epi8(0x0f);
-    const __m512i across = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
-    const __m512i within = _mm512_broadcast_i32x4(
-        _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15));
     __m512 out[I8_ROWS];
     for (int m = 0; m < I8_ROWS; m++) out[m] = _mm512_setzero_ps();
     for (int g = 0; g < groups; g++) {
@@ -445,8 +452,7 @@ static inline __attribute__((always_inline)) void w4_i8_tile512_n(
         for (int m = 0; m < I8_ROWS; m++) even[m] = odd[m] = _mm512_setzero_si512();
         for (int c = 0; c < quads; c++) {
             _mm_prefetch((const char *)(gp + c * 64) + 1024, _MM_HINT_T0);
-            const __m512i v = _mm512_shuffle_epi8(
-                _mm512_permutexvar_epi32(across, _mm512_loadu_si512(gp + c * 64)), within);
+            const __m512i v = i8_columns_512(gp + c * 64);
             const __m512i lo = _mm512_and_si512(v, low);
             const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
 #pragma GCC unroll 4
@@ -497,9 +503,6 @@ static inline __attribute__((always_inline)) void q8_i8_tile512_n(
     const int8_t *wp, const float *sp, const float *op, const int8_t *xq, const int32_t *isum,
     const float *dx, const float *xs, float *acc, int rows, int k, int bs) {
     const int blocks = k / bs, steps = bs / 4;
-    const __m512i across = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
-    const __m512i within = _mm512_broadcast_i32x4(
-        _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15));
     const __m512i flip = _mm512_set1_epi8((char)0x80);
     __m512 out[I8_ROWS];
     for (int m = 0; m < I8_ROWS; m++) out[m] = _mm512_setzero_ps();
@@ -509,8 +512,7 @@ static inline __attribute__((always_inline)) void q8_i8_tile512_n(
         for (int m = 0; m < I8_ROWS; m++) dot[m] = _mm512_setzero_si512();
         for (int st = 0; st < steps; st++) {
             _mm_prefetch((const char *)(bp + st * 64) + 1024, _MM_HINT_T0);
-            const __m512i w = _mm512_xor_si512(_mm512_shuffle_epi8(
-                _mm512_permutexvar_epi32(across, _mm512_loadu_si512(bp + st * 64)), within), flip);
+            const __m512i w = _mm512_xor_si512(i8_columns_512(bp + st * 64), flip);
 #pragma GCC unroll 4
             for (int m = 0; m < I8_ROWS; m++) {
                 if (m >= rows) continue;
