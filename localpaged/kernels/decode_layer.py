@@ -5,7 +5,7 @@ than its matmuls; this path leaves the matmuls and little else.
 
 `CpuDecodePlan.build(model)` returns a plan when every layer qualifies (bf16 or float32, fused
 q/k/v and gate/up on the own 4-bit kernel, no act-order, or int8 blocks: GGUF types without
-a 4-bit kernel or fused layers of mixed types); the model runs decode rows
+a 4-bit kernel or fused layers of mixed types with one, or the 6-bit layout); the model runs decode rows
 through `plan.run` (a decode-only step whole, the decode rows of a mixed step as a
 sub-batch) and prompt chunks through its modules.
 """
@@ -28,7 +28,8 @@ class _W4(ctypes.Structure):
     _fields_ = [("packed", ctypes.c_void_p), ("sb", ctypes.c_void_p), ("bias", ctypes.c_void_p),
                 ("k", ctypes.c_int), ("n", ctypes.c_int), ("group_size", ctypes.c_int),
                 ("codes8", ctypes.c_void_p), ("scales8", ctypes.c_void_p),
-                ("offsets8", ctypes.c_void_p), ("block8", ctypes.c_int), ("quads", ctypes.c_int)]
+                ("offsets8", ctypes.c_void_p), ("block8", ctypes.c_int), ("quads", ctypes.c_int),
+                ("high", ctypes.c_void_p)]
 
 
 class _Layer(ctypes.Structure):
@@ -63,11 +64,25 @@ def _int8_blocks(linear: Any, dtype: torch.dtype) -> _W4 | None:
                offsets.data_ptr() if offsets is not None else None, linear.block)
 
 
+def _six_bit(linear: Any, dtype: torch.dtype) -> _W4 | None:
+    """The C view of a W6Linear (the 6-bit layout), or None."""
+    from localpaged.quant.w6_linear import W6Linear
+
+    if not isinstance(linear, W6Linear):
+        return None
+    bias = linear.bias
+    if bias is not None and (bias.dtype != dtype or not bias.is_contiguous()):
+        return None
+    return _W4(linear.packed.data_ptr(), linear.sb.data_ptr(),
+               bias.data_ptr() if bias is not None else None, linear.in_features,
+               linear.out_features, linear.group_size, quads=1, high=linear.high.data_ptr())
+
+
 def _w4(linear: Any, dtype: torch.dtype) -> _W4 | None:
-    """The C view of a QuantLinear on the own kernel (or of int8 blocks), or None if it is
-    neither."""
+    """The C view of a QuantLinear on the own kernel (or of int8 blocks, or 6-bit), or None
+    if it is none of them."""
     if getattr(linear, "w4_packed", None) is None or linear.perm is not None:
-        return _int8_blocks(linear, dtype)
+        return _int8_blocks(linear, dtype) or _six_bit(linear, dtype)
     bias = linear.bias
     if bias is not None and bias.dtype != linear.dtype:
         return None

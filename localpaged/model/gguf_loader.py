@@ -360,17 +360,23 @@ class GGUFFile:
         """What `tensors_for(dtype, kept, int8)` does with the matrices of each type, e.g.
         (SmolLM2-135M as Q4_K_M) "weights: Q4_K x 16 kept 4-bit (group 32); Q5_0 x 166,
         Q6_K x 14, Q8_0 x 15 -> bfloat16"."""
+        from localpaged.quant import w6_linear
+
         types = kept_4bit(dtype) if kept is None else kept
         target = str(dtype).removeprefix("torch.")
         four_bit: dict[str, int] = {}
+        six_bit: dict[str, int] = {}
         eight_bit: dict[str, int] = {}
         converted: dict[str, int] = {}
         for t in self.reader.tensors:
             kind = t.tensor_type.name
             if len(t.shape) != 2 or (kind, target) in (("F32", "float32"), ("BF16", "bfloat16")):
                 continue
+            shape = tuple(int(d) for d in reversed(t.shape.tolist()))
             if kind in types and t.name != "token_embd.weight":
                 counts = four_bit
+            elif int8 and w6_linear.wanted(kind, shape):  # type: ignore[arg-type]
+                counts = six_bit
             elif int8 and kind in INT8_TYPES:
                 counts = eight_bit
             else:
@@ -380,6 +386,9 @@ class GGUFFile:
         if four_bit:
             parts.append(", ".join(f"{k} x {n}" for k, n in sorted(four_bit.items()))
                          + " kept 4-bit (group 32)")
+        if six_bit:
+            parts.append(", ".join(f"{k} x {n}" for k, n in sorted(six_bit.items()))
+                         + " kept 6-bit")
         if eight_bit:
             parts.append(", ".join(f"{k} x {n}" for k, n in sorted(eight_bit.items()))
                          + " as int8 blocks")
@@ -480,9 +489,11 @@ def q_to_int8(raw: RawTensor, rotary_heads: int | None = None) -> Any:
 def q8_parts(raw: RawTensor, rotary_heads: int | None = None) -> Any:
     """`q_to_int8`, kept as the file's blocks where the C packer reads the type (Q8_0, Q5_0,
     Q6_K): packed straight into the kernel's tiles when installed."""
+    from localpaged.quant import w6_linear
     from localpaged.quant.ggml_int8 import GgmlInt8Weight
 
-    if not GgmlInt8Weight.packable(raw.type_name):
+    six = w6_linear.wanted(raw.type_name, raw.shape)  # type: ignore[arg-type]
+    if not six and not GgmlInt8Weight.packable(raw.type_name):
         return q_to_int8(raw, rotary_heads)
     rows = _row_order(raw, rotary_heads)
     return _decoded(raw, lambda: GgmlInt8Weight(raw.type_name, raw.data, *raw.shape, rows))

@@ -38,9 +38,12 @@ def fuse_linears(layers: list[nn.Module]) -> nn.Module:
     Raises ValueError when they cannot be joined."""
     first = layers[0]
     from localpaged.quant.q8_linear import Q8Linear
+    from localpaged.quant.w6_linear import W6Linear
 
     if any(isinstance(layer, Q8Linear) for layer in layers):  # int8 blocks, maybe mixed with 4-bit
         return Q8Linear.concat(layers)
+    if any(isinstance(layer, W6Linear) for layer in layers):  # 6-bit, maybe mixed with 4-bit
+        return W6Linear.concat(layers)
     if any(type(layer) is not type(first) for layer in layers):
         raise ValueError("cannot join layers of different kinds")
     if any((layer.bias is None) != (first.bias is None) for layer in layers):

@@ -146,18 +146,20 @@ def int8_blocks(type_name: str, data: np.ndarray, n: int, k: int) -> Int8Blocks:
 
 
 _C_TYPES = ("Q8_0", "Q5_0", "Q6_K")  # the C packer's (kernels/cpu/gguf_pack.c)
+_KEPT_TYPES = (*_C_TYPES, "Q5_1", "Q5_K")  # also the 6-bit layout's (quant/w6_linear.py)
 
 
 class GgmlInt8Weight:
-    """A GGUF matrix of a type the C packer reads (Q8_0, Q5_0, Q6_K) kept as the file's blocks
-    (a view of the mapping) and the order of its rows, until `kernel_tiles` packs it straight
-    into the 8-bit kernel's tiles (the numbers of `int8_blocks`, without its `[N, K]` arrays);
-    `blocks()` gives the `Int8Blocks` for any other use."""
+    """A GGUF matrix of a type a C packer reads (Q8_0, Q5_0, Q6_K for the 8-bit tiles; those
+    and Q5_1, Q5_K for the 6-bit layout) kept as the file's blocks (a view of the mapping) and
+    the order of its rows, until `kernel_tiles` packs it straight into the 8-bit kernel's tiles
+    (the numbers of `int8_blocks`, without its `[N, K]` arrays) or `W6Linear.from_gguf` into
+    the 6-bit layout; `blocks()` gives the `Int8Blocks` for any other use."""
 
     def __init__(self, type_name: str, data: np.ndarray, n: int, k: int,
                  rows: np.ndarray | None = None) -> None:
-        if type_name not in _C_TYPES:
-            raise ValueError(f"{type_name} is not packed in C (those that are: {', '.join(_C_TYPES)})")
+        if type_name not in _KEPT_TYPES:
+            raise ValueError(f"{type_name} is not packed in C (those that are: {', '.join(_KEPT_TYPES)})")
         gt.blocks_of(type_name, data, n * k)  # the byte count, checked now
         self.type_name, self.data, self.shape = type_name, data, (n, k)
         self.block = INT8_TYPES[type_name][0]
@@ -165,7 +167,7 @@ class GgmlInt8Weight:
 
     @staticmethod
     def packable(type_name: str) -> bool:
-        """Whether `type_name` has the C packer and the library is here."""
+        """Whether `type_name` has the 8-bit tiles' C packer and the library is here."""
         from localpaged.quant import cpu_w4
 
         return type_name in _C_TYPES and cpu_w4.available()

@@ -184,9 +184,12 @@ def install_int4(model: nn.Module, name: str, weight: Any, tied: bool = False) -
 
 
 def install_int8(model: nn.Module, name: str, weight: Any, tied: bool) -> None:
-    """Put a GGUF matrix kept as int8 blocks (`ggml_int8.Int8Blocks`) named `<prefix>.weight`
-    into `model`: the token embedding as `Q8Embedding` (also the output layer when `tied`),
-    a linear layer as `Q8Linear` (its bias stays shared with the model's parameters)."""
+    """Put a GGUF matrix kept as int8 blocks (`ggml_int8.Int8Blocks`), or in the 6-bit layout
+    where it takes that (`w6_linear.wanted`), named `<prefix>.weight` into `model`: the token
+    embedding as `Q8Embedding` / `W6Embedding` (also the output layer when `tied`), a linear
+    layer as `Q8Linear` / `W6Linear` (its bias stays shared with the model's parameters)."""
+    from localpaged.quant import w6_linear
+    from localpaged.quant.ggml_int8 import GgmlInt8Weight
     from localpaged.quant.q8_linear import Q8Embedding, Q8Linear
 
     prefix, _, leaf = name.rpartition(".")
@@ -197,9 +200,15 @@ def install_int8(model: nn.Module, name: str, weight: Any, tied: bool) -> None:
         raise ValueError(f"tensor {name!r}: int8 blocks fit only a linear or embedding weight")
     if tuple(weight.shape) != want:
         raise ValueError(f"tensor {name!r}: expected shape {want}, found {tuple(weight.shape)}")
-    layer = Q8Linear.from_blocks(weight)
+    layer: nn.Module
+    if isinstance(weight, GgmlInt8Weight) and w6_linear.wanted(weight.type_name, weight.shape):
+        layer = w6_linear.W6Linear.from_gguf(weight)
+        embedding: nn.Module = w6_linear.W6Embedding(layer, old.weight.dtype)  # type: ignore[arg-type]
+    else:
+        layer = Q8Linear.from_blocks(weight)
+        embedding = Q8Embedding(layer, old.weight.dtype)  # type: ignore[arg-type]
     if isinstance(old, nn.Embedding):
-        model.model.embed_tokens = Q8Embedding(layer, old.weight.dtype)
+        model.model.embed_tokens = embedding
         if tied:
             model.lm_head = layer
         return

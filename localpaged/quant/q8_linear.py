@@ -40,8 +40,10 @@ class Q8Linear(nn.Module):
 
     @classmethod
     def from_blocks(cls, w: Int8Blocks | GgmlInt8Weight) -> Q8Linear:
-        if isinstance(w, GgmlInt8Weight):  # the file's blocks, packed in C
+        if isinstance(w, GgmlInt8Weight) and w.packable(w.type_name):  # the file's blocks, in C
             return cls(*w.kernel_tiles())
+        if isinstance(w, GgmlInt8Weight):
+            w = w.blocks()
         return cls(*cpu_w4.pack_q8(w.codes, w.scales, w.offsets))
 
     @classmethod
@@ -76,7 +78,18 @@ class Q8Linear(nn.Module):
     def concat(cls, layers: list[nn.Module]) -> Q8Linear:
         """One layer computing the outputs of `layers` (int8 blocks, or 4-bit layers on the
         own kernel, converted) side by side, at the smallest block size among them."""
-        parts = [p if isinstance(p, Q8Linear) else cls.from_quant_linear(p) for p in layers]
+        from localpaged.quant.w6_linear import W6Linear
+
+        def as_q8(p: nn.Module) -> Q8Linear:
+            if isinstance(p, Q8Linear):
+                return p
+            if not isinstance(p, W6Linear):
+                return cls.from_quant_linear(p)
+            out = cls.from_blocks(p.blocks())
+            out.bias = None if p.bias is None else p.bias.float()
+            return out
+
+        parts = [as_q8(p) for p in layers]
         if len({p.in_features for p in parts}) != 1 or len({p.bias is None for p in parts}) != 1:
             raise ValueError("layers differ in input size or bias")
         block = min(p.block for p in parts)

@@ -121,16 +121,17 @@ def test_native_decode_matches_the_torch_layers_on_smollm(smollm_gguf: Path, cpu
 def test_native_decode_takes_int8_blocks_of_a_mixed_gguf_in_float32(
         tmp_path: Path, cpu_variant: str) -> None:
     """A file mixing Q4_1, Q4_0, Q5_0, Q5_1 and Q8_0 (as llama.cpp's presets do for small
-    models): in float32 with int8 activations the layers of other types are int8 blocks, a
-    q/k/v of mixed types is fused into int8 blocks, and decode steps still take the native
-    layer, agreeing with the torch layers."""
+    models): in float32 with int8 activations the layers of other types are int8 blocks or
+    6-bit (Q5_1), a q/k/v of mixed types with a Q8_0 part is fused into int8 blocks, and
+    decode steps still take the native layer, agreeing with the torch layers."""
     import sys
 
     sys.path.insert(0, str(Path(__file__).parents[1] / "store"))
     from ggufmaker import write_tiny_gguf
 
-    from localpaged.quant import cpu_w4
+    from localpaged.quant import cpu_w4, cpu_w6
     from localpaged.quant.q8_linear import Q8Linear
+    from localpaged.quant.w6_linear import W6Linear
 
     p = "model.layers.0."
     types = {p + "self_attn.k_proj.weight": "Q5_0", p + "self_attn.v_proj.weight": "Q8_0",
@@ -143,8 +144,41 @@ def test_native_decode_takes_int8_blocks_of_a_mixed_gguf_in_float32(
         return
     assert done["native_decode"] == 1
     layer = model.model.layers[0]
-    assert isinstance(layer.self_attn.qkv_proj, Q8Linear) and isinstance(layer.mlp.down_proj, Q8Linear)
+    assert isinstance(layer.self_attn.qkv_proj, Q8Linear)  # with a Q8_0 part: int8 blocks
+    assert isinstance(layer.mlp.down_proj, W6Linear if cpu_w6.available() else Q8Linear)  # Q5_1
     g = torch.Generator().manual_seed(1)
     vocab = model.config.vocab_size
     prompts = [torch.randint(3, vocab, (n,), generator=g).tolist() for n in (4, 17, 9)]
+    _assert_close(*_decode_step_both_ways(model, prompts), torch.float32)
+
+
+def test_native_decode_takes_a_fused_6_bit_layer(tmp_path: Path, cpu_variant: str) -> None:
+    """q (Q4_1, 4-bit), k (Q5_0) and v (Q5_1) fuse into one 6-bit layer (the 4-bit codes with
+    top bits 0, at the smaller group), which the native decode layer takes, agreeing with the
+    torch layers; its weight is the three side by side."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "store"))
+    from ggufmaker import write_tiny_gguf
+
+    from localpaged.model.gguf_loader import open_gguf
+    from localpaged.quant import cpu_w6
+    from localpaged.quant.w6_linear import W6Linear
+
+    p = "model.layers.0."
+    types = {p + "self_attn.k_proj.weight": "Q5_0", p + "self_attn.v_proj.weight": "Q5_1"}
+    path = write_tiny_gguf(tmp_path / "six.gguf", "Q4_1", types=types)
+    model, _ = load_model(path, dtype="float32")
+    done = optimize_for_inference(model, torch.device("cpu"))
+    qkv = model.model.layers[0].self_attn.qkv_proj
+    if not cpu_w6.available():
+        assert not isinstance(qkv, W6Linear)
+        return
+    assert isinstance(qkv, W6Linear) and done["native_decode"] == 1
+    dense = dict(open_gguf(path).weights())
+    want = torch.cat([dense[f"{p}self_attn.{x}_proj.weight"] for x in "qkv"])
+    torch.testing.assert_close(qkv.blocks().dequantize(), want, rtol=0, atol=1e-6)
+    g = torch.Generator().manual_seed(2)
+    vocab = model.config.vocab_size
+    prompts = [torch.randint(3, vocab, (n,), generator=g).tolist() for n in (5, 12)]
     _assert_close(*_decode_step_both_ways(model, prompts), torch.float32)

@@ -59,11 +59,13 @@ def test_mixed_file_loads_and_runs_in_both_dtypes(tmp_path: Path) -> None:
     assert isinstance(layer.self_attn.q_proj, QuantLinear)  # Q4_1: 4-bit
     assert isinstance(layer.mlp.up_proj, QuantLinear)  # Q4_0: 4-bit
     want = dict(open_gguf(path).weights())[P + "mlp.down_proj.weight"]
-    from localpaged.quant import cpu_w4
+    from localpaged.quant import cpu_w4, cpu_w6
     from localpaged.quant.q8_linear import Q8Linear
+    from localpaged.quant.w6_linear import W6Linear
 
-    if cpu_w4.int8_activations():  # Q5_1: int8 blocks holding the file's values
-        assert isinstance(layer.mlp.down_proj, Q8Linear)
+    if cpu_w4.int8_activations():  # Q5_1: 6-bit (x86) or int8 blocks, the file's values
+        kind = W6Linear if cpu_w6.available() else Q8Linear
+        assert isinstance(layer.mlp.down_proj, kind)
         assert torch.equal(layer.mlp.down_proj.blocks().dequantize(), want)
     else:  # dequantized once
         assert isinstance(layer.mlp.down_proj, torch.nn.Linear)
@@ -73,12 +75,14 @@ def test_mixed_file_loads_and_runs_in_both_dtypes(tmp_path: Path) -> None:
 
 def test_mixed_file_in_float32_keeps_the_other_types_as_int8_blocks(
         tmp_path: Path, cpu_variant: str) -> None:
-    """Where float32 activations are int8 (AVX2 and up), Q5_0/Q5_1/Q8_0 matrices stay int8
-    blocks holding the file's values exactly (and join 4-bit ones in a fused q/k/v);
+    """Where float32 activations are int8 (AVX2 and up), Q8_0 matrices stay int8 blocks and
+    Q5_0/Q5_1 ones 6-bit (int8 blocks on builds without the 6-bit loops), holding the file's
+    values exactly (and joining 4-bit ones in a fused q/k/v: int8 blocks when one part is);
     elsewhere they are dequantized once, as before."""
     from localpaged.model.loader import load_model
-    from localpaged.quant import cpu_w4
+    from localpaged.quant import cpu_w4, cpu_w6
     from localpaged.quant.q8_linear import Q8Linear
+    from localpaged.quant.w6_linear import W6Linear
 
     path = write_tiny_gguf(tmp_path / "mixed.gguf", "Q4_1", types=MIXED)
     model, _ = load_model(path, dtype="float32")
@@ -86,12 +90,14 @@ def test_mixed_file_in_float32_keeps_the_other_types_as_int8_blocks(
     dense = dict(gguf.weights())
     int8 = cpu_w4.int8_activations()
     down = model.model.layers[0].mlp.down_proj  # Q5_1
-    assert isinstance(down, Q8Linear) == int8
+    six = int8 and cpu_w6.available()
+    assert isinstance(down, W6Linear) == six and isinstance(down, Q8Linear) == (int8 and not six)
     if int8:
-        torch.testing.assert_close(cpu_w4.dequantize_q8(down.tiles, down.tile_scales, down.tile_offsets),
+        torch.testing.assert_close(down.blocks().dequantize(),
                                    dense["model.layers.0.mlp.down_proj.weight"], rtol=0, atol=1e-6)
-        assert "as int8 blocks" in gguf.load_summary(torch.float32, kept_4bit(torch.float32, True, True),
-                                                     True)
+        summary = gguf.load_summary(torch.float32, kept_4bit(torch.float32, True, True), True)
+        assert "Q8_0 x 1 as int8 blocks" in summary
+        assert ("Q5_0 x 1, Q5_1 x 1 kept 6-bit" in summary) == six, summary
         # q (Q4_1, 4-bit), k (Q5_0), v (Q8_0) join as one int8-block layer, rows unpermuted
         model.fuse_projections()
         qkv = model.model.layers[0].self_attn.qkv_proj

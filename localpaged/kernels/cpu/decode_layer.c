@@ -22,6 +22,7 @@ struct w4_layer {
     const float *scales8, *offsets8;
     int block8;
     int quads; /* `packed` in the quads layout (int8_dot.c, float32 models only) */
+    const uint8_t *high; /* the 6-bit layout's top bits (int8_dot.c; quads), or NULL */
 };
 
 struct decode_layer {
@@ -58,11 +59,17 @@ static int q8_linear_bf16(const struct w4_layer *w, const uint16_t *x, uint16_t 
 
 static int w4q_linear_f32(const struct w4_layer *w, const float *x, float *y, int rows,
                           int threads) {
+    if (w->high != NULL)
+        return w6_gemm_f32(x, w->packed, w->high, w->sb, y, rows, w->k, w->n, w->group_size,
+                           threads, 0);
     return w4q_gemm_f32(x, w->packed, w->sb, y, rows, w->k, w->n, w->group_size, threads, 0);
 }
 
 static int w4q_linear_bf16(const struct w4_layer *w, const uint16_t *x, uint16_t *y, int rows,
                            int threads) {
+    if (w->high != NULL)
+        return w6_gemm_bf16(x, w->packed, w->high, w->sb, y, rows, w->k, w->n, w->group_size,
+                            threads);
     return w4q_gemm_bf16(x, w->packed, w->sb, y, rows, w->k, w->n, w->group_size, threads);
 }
 

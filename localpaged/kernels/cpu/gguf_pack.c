@@ -172,3 +172,107 @@ int gguf_q8_pack(const uint8_t *blocks, int type, const int32_t *rows, int n, in
     }
     return 0;
 }
+
+/* GGUF Q5_0 (type 6), Q5_1 (7), Q5_K (13) and Q6_K (14) matrices straight into int8_dot.c's
+ * 6-bit layout: unsigned codes 0..63 (the file's own), the low nibbles in the quads layout
+ * `packed` [N/16][K/4][32], the top two bits in `high` [N/16][K/8][32], and a float16 scale
+ * and offset per group in `sb` [N/16][K/gs][2][16], gs = 16 for Q6_K (its sub-blocks) and
+ * 32 for the others:
+ *   Q5_0 (22 bytes: f16 d, 32 high bits, 16 bytes of nibbles): s = d, b = -16 * d;
+ *   Q5_1 (24 bytes: f16 d, f16 m, 32 high bits, nibbles):     s = d, b = m;
+ *   Q5_K (176 bytes: f16 d, f16 dmin, 12 bytes of 6-bit scales and mins, 32 bytes of high
+ *         bits, 128 of nibbles): per group of 32, s = d * sc, b = -(dmin * m);
+ *   Q6_K (210 bytes): per group of 16, s = d * sc, b = -32 * s (s rounded to float16 first,
+ *         so that W = s * (q - 32) holds for the kept s).
+ * Codes of value v of a block as in gp_q8_block (Q5_0, Q6_K) and ggml_int8.py. */
+static int gp_w6_codes(const uint8_t *b, int type, uint8_t *q, float *s, float *o) {
+    uint16_t h;
+    memcpy(&h, b, 2);
+    const float d = f16_to_f32(h);
+    if (type == 6 || type == 7) { /* 32 values, one group */
+        const uint8_t *hb = b + (type == 6 ? 2 : 4), *qs = hb + 4;
+        uint32_t hi;
+        memcpy(&hi, hb, 4);
+        for (int v = 0; v < 32; v++)
+            q[v] = (uint8_t)((v < 16 ? qs[v] & 15 : qs[v - 16] >> 4) | ((hi >> v) & 1) << 4);
+        s[0] = d;
+        if (type == 6) {
+            o[0] = -16.f * d;
+        } else {
+            memcpy(&h, b + 2, 2);
+            o[0] = f16_to_f32(h);
+        }
+        return 1;
+    }
+    if (type == 13) { /* 256 values, 8 groups of 32 */
+        memcpy(&h, b + 2, 2);
+        const float dmin = f16_to_f32(h);
+        const uint8_t *sc = b + 4, *qh = b + 16, *qs = b + 48;
+        for (int sub = 0; sub < 8; sub++) {
+            const int scale = sub < 4 ? sc[sub] & 63 : (sc[sub + 4] & 0xF) | (sc[sub - 4] >> 6) << 4;
+            const int min = sub < 4 ? sc[sub + 4] & 63 : (sc[sub + 4] >> 4) | (sc[sub] >> 6) << 4;
+            s[sub] = d * (float)scale;
+            o[sub] = -(dmin * (float)min);
+            for (int l = 0; l < 32; l++) {
+                const uint8_t nb = qs[32 * (sub / 2) + l];
+                q[32 * sub + l] = (uint8_t)((sub % 2 ? nb >> 4 : nb & 15) | ((qh[l] >> sub) & 1) << 4);
+            }
+        }
+        return 8;
+    }
+    /* Q6_K: 256 values, 16 groups of 16 */
+    memcpy(&h, b + 208, 2);
+    const float dk = f16_to_f32(h);
+    for (int i = 0; i < 16; i++) {
+        s[i] = f16_to_f32(f32_to_f16(dk * (float)(int8_t)b[192 + i]));
+        o[i] = -32.f * s[i];
+    }
+    for (int n = 0; n < 2; n++)
+        for (int j = 0; j < 4; j++)
+            for (int l = 0; l < 32; l++) {
+                const uint8_t lb = b[64 * n + 32 * (j % 2) + l];
+                const int lo = j < 2 ? lb & 15 : lb >> 4;
+                q[128 * n + 32 * j + l] = (uint8_t)(lo | ((b[128 + 32 * n + l] >> (2 * j)) & 3) << 4);
+            }
+    return 16;
+}
+
+/* Returns 0, or -1 for another type or shapes off the layout. */
+int gguf_w6_pack(const uint8_t *blocks, int type, const int32_t *rows, int n, int k,
+                 uint8_t *packed, uint8_t *high, uint16_t *sb, int threads) {
+    const int values = type == 13 || type == 14 ? 256 : 32;
+    const int bytes = type == 6 ? 22 : type == 7 ? 24 : type == 13 ? 176 : type == 14 ? 210 : 0;
+    if (bytes == 0 || n % GP_TILE || k % values) return -1;
+    const int gs = type == 14 ? 16 : 32, groups = k / gs, per_row = k / values;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int t = 0; t < n / GP_TILE; t++) {
+        uint8_t *pt = packed + (size_t)t * (k / 2) * GP_TILE;
+        uint8_t *ht = high + (size_t)t * (k / 4) * GP_TILE;
+        uint16_t *st = sb + (size_t)t * groups * 2 * GP_TILE;
+        for (int blk = 0; blk < per_row; blk++) {
+            uint8_t q[GP_TILE][256];
+            for (int j = 0; j < GP_TILE; j++) {
+                const uint8_t *row = blocks + (size_t)rows[t * GP_TILE + j] * per_row * bytes;
+                float s[16], o[16];
+                const int count = gp_w6_codes(row + (size_t)blk * bytes, type, q[j], s, o);
+                for (int i = 0; i < count; i++) {
+                    st[((size_t)blk * count + i) * 2 * GP_TILE + j] = f32_to_f16(s[i]);
+                    st[((size_t)blk * count + i) * 2 * GP_TILE + GP_TILE + j] = f32_to_f16(o[i]);
+                }
+            }
+            for (int c = 0; c < values / 4; c++) { /* chunk c of this block */
+                const size_t chunk = (size_t)blk * (values / 4) + c;
+                for (int jj = 0; jj < 8; jj++)
+                    for (int i = 0; i < 4; i++) {
+                        const uint8_t lo = q[jj][4 * c + i], hi = q[jj + 8][4 * c + i];
+                        pt[chunk * 2 * GP_TILE + 4 * jj + i] = (uint8_t)((lo & 15) | (hi & 15) << 4);
+                        uint8_t *top = ht + (chunk / 2) * 2 * GP_TILE + 4 * jj + i;
+                        const int shift = 4 * (int)(chunk % 2);
+                        if (shift == 0) *top = 0;
+                        *top |= (uint8_t)(((lo >> 4) | (hi >> 4) << 2) << shift);
+                    }
+            }
+        }
+    }
+    return 0;
+}

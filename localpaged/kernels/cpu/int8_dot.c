@@ -14,6 +14,13 @@
  *   `vpmaddwd` by ones sums a column's products once per 8 chunks: about half the
  *   instructions per MAC of the pairs layout at one row, 4/5 at four (measured on AVX2:
  *   1.9x and 1.25x the pairs kernel's speed).
+ * 6-bit in the quads layout (GGUF Q6_K, Q5_0/1, Q5_K: codes 0..63 with a scale and offset
+ * per group, sb as for 4 bits): the codes' low nibbles as the quads layout, and their top two
+ * bits in `high` uint8 [N/16][K/8][32]: byte 4j + i of pair p (chunks 2p and 2p + 1) holds
+ * the top bits of q[8p+i][16t+j] (bits 0-1), q[8p+i][16t+8+j] (2-3), q[8p+4+i][16t+j] (4-5)
+ * and q[8p+4+i][16t+8+j] (6-7); two shifts and an AND put them above each chunk's nibbles.
+ * Group sizes a multiple of 8. The products of two codes of up to 63 with activations of up
+ * to 127 fill an int16 lane to 32004: `vpmaddubsw` sums are widened every 2 chunks.
  * 8-bit blocks (GGUF Q8_0, and the other GGUF types whose codes fit in int8: Q5_0/1, Q6_K,
  * IQ4_NL ...): codes int8 [N/16][K/2][2][16] (as w8_gemm), per block of `bs` values of K a
  * float32 scale and optionally a float32 offset per column, [N/16][K/bs][16] each:
@@ -118,14 +125,23 @@ static void w4_i8_tile_plain(const uint8_t *wp, const uint16_t *sbp, const int8_
 }
 
 /* w4_i8_tile_plain for the quads layout: the same integers, the same float32 sums. */
-static void w4q_i8_tile_plain(const uint8_t *wp, const uint16_t *sbp, const int8_t *xq,
-                              const float *dx, const float *xs, float *acc, int rows, int k,
-                              int gs) {
+/* The top two bits of code (4c + i, column j) of a tile's 6-bit `high` plane, shifted to
+ * bits 4-5 (0 without one). */
+static inline int w6_top(const uint8_t *hp, int c, int i, int j) {
+    if (hp == NULL) return 0;
+    const int bits = hp[(size_t)(c / 2) * 2 * I8_TILE + 4 * (j % 8) + i];
+    return ((bits >> (2 * (j / 8) + 4 * (c % 2))) & 3) << 4;
+}
+
+static void w4q_i8_tile_plain(const uint8_t *wp, const uint8_t *hp, const uint16_t *sbp,
+                              const int8_t *xq, const float *dx, const float *xs, float *acc,
+                              int rows, int k, int gs) {
     const int groups = k / gs, chunks = gs / 4;
     for (int m = 0; m < rows; m++)
         for (int j = 0; j < I8_TILE; j++) acc[m * I8_TILE + j] = 0.f;
     for (int g = 0; g < groups; g++) {
         const uint8_t *gp = wp + (size_t)g * chunks * 2 * I8_TILE;
+        const uint8_t *hg = hp != NULL ? hp + (size_t)g * chunks * I8_TILE : NULL;
         const uint16_t *sp = sbp + (size_t)g * 2 * I8_TILE;
         for (int m = 0; m < rows; m++) {
             const int8_t *xm = xq + (size_t)m * k + (size_t)g * gs;
@@ -135,7 +151,8 @@ static void w4q_i8_tile_plain(const uint8_t *wp, const uint16_t *sbp, const int8
                 for (int c = 0; c < chunks; c++)
                     for (int i = 0; i < 4; i++) {
                         const uint8_t v = gp[c * 2 * I8_TILE + 4 * (j % 8) + i];
-                        dot += (j < 8 ? v & 15 : v >> 4) * xm[4 * c + i];
+                        const int top = w6_top(hg, c, i, j);
+                        dot += ((j < 8 ? v & 15 : v >> 4) | top) * xm[4 * c + i];
                     }
                 acc[m * I8_TILE + j] += f16_to_f32(sp[j]) * (d * (float)dot) +
                                         f16_to_f32(sp[I8_TILE + j]) * sx;
@@ -234,10 +251,11 @@ static inline __attribute__((always_inline)) void w4_i8_tile_n(
 
 /* w4q_i8_tile_plain with AVX2, `rows` (1..I8_ROWS) a constant after inlining. */
 static inline __attribute__((always_inline)) void w4q_i8_tile_n(
-    const uint8_t *wp, const uint16_t *sbp, const int8_t *xq, const float *dx, const float *xs,
-    float *acc, int rows, int k, int gs) {
+    const uint8_t *wp, const uint8_t *hp, const uint16_t *sbp, const int8_t *xq, const float *dx,
+    const float *xs, float *acc, int rows, int k, int gs, int six) {
     const int groups = k / gs, chunks = gs / 4;
-    const __m256i low = _mm256_set1_epi8(0x0f);
+    const int run = six ? 2 : 8; /* chunks per int16 sum (see the top) */
+    const __m256i low = _mm256_set1_epi8(0x0f), tops = _mm256_set1_epi8(0x30);
 #ifndef I8_VNNI
     const __m256i ones = _mm256_set1_epi16(1);
 #endif
@@ -247,17 +265,25 @@ static inline __attribute__((always_inline)) void w4q_i8_tile_n(
         const uint8_t *gp = wp + (size_t)g * chunks * 2 * I8_TILE;
         __m256i dot[I8_ROWS][2];
         for (int m = 0; m < I8_ROWS; m++) dot[m][0] = dot[m][1] = _mm256_setzero_si256();
-        for (int c0 = 0; c0 < chunks; c0 += 8) { /* 8 chunks: int16 sums cannot saturate */
+        const uint8_t *hg = six ? hp + (size_t)g * chunks * I8_TILE : NULL;
+        for (int c0 = 0; c0 < chunks; c0 += run) { /* int16 sums cannot saturate */
 #ifndef I8_VNNI
             __m256i d16[I8_ROWS][2];
             for (int m = 0; m < I8_ROWS; m++) d16[m][0] = d16[m][1] = _mm256_setzero_si256();
 #endif
-            const int end = c0 + 8 < chunks ? c0 + 8 : chunks;
+            const int end = c0 + run < chunks ? c0 + run : chunks;
             for (int c = c0; c < end; c++) {
                 if (c % 2 == 0) _mm_prefetch((const char *)(gp + c * 32) + 1024, _MM_HINT_T0);
                 const __m256i v = _mm256_loadu_si256((const __m256i *)(gp + c * 32));
-                const __m256i a = _mm256_and_si256(v, low);                       /* cols 0-7 */
-                const __m256i b = _mm256_and_si256(_mm256_srli_epi16(v, 4), low); /* 8-15 */
+                __m256i a = _mm256_and_si256(v, low);                       /* cols 0-7 */
+                __m256i b = _mm256_and_si256(_mm256_srli_epi16(v, 4), low); /* 8-15 */
+                if (six) { /* the top bits: 0-1 and 2-3 of the pair's byte, or 4-5 and 6-7 */
+                    const __m256i h = _mm256_loadu_si256((const __m256i *)(hg + (c / 2) * 32));
+                    const int odd = c % 2;
+                    a = _mm256_or_si256(a, _mm256_and_si256(odd ? h : _mm256_slli_epi16(h, 4), tops));
+                    b = _mm256_or_si256(b, _mm256_and_si256(odd ? _mm256_srli_epi16(h, 2)
+                                                                : _mm256_slli_epi16(h, 2), tops));
+                }
 #pragma GCC unroll 4
                 for (int m = 0; m < I8_ROWS; m++) {
                     if (m >= rows) continue;
@@ -327,15 +353,16 @@ static inline __attribute__((always_inline)) void w4_i8_group512(
  * sums, widened once per 8 chunks) per chunk. The same integers and the same float32
  * operations per column as the 256-bit tile. */
 static inline __attribute__((always_inline)) void w4q_i8_tile512_n(
-    const uint8_t *wp, const uint16_t *sbp, const int8_t *xq, const float *dx, const float *xs,
-    float *acc, int rows, int k, int gs) {
+    const uint8_t *wp, const uint8_t *hp, const uint16_t *sbp, const int8_t *xq, const float *dx,
+    const float *xs, float *acc, int rows, int k, int gs, int six) {
     const int groups = k / gs, chunks = gs / 4;
-    const __m512i low = _mm512_set1_epi8(0x0f);
+    const __m512i low = _mm512_set1_epi8(0x0f), tops = _mm512_set1_epi8(0x30);
     const __m512i shift = _mm512_set_epi64(4, 4, 4, 4, 0, 0, 0, 0);
     __m512 out[I8_ROWS];
     for (int m = 0; m < I8_ROWS; m++) out[m] = _mm512_setzero_ps();
     for (int g = 0; g < groups; g++) {
         const uint8_t *gp = wp + (size_t)g * chunks * 2 * I8_TILE;
+        const uint8_t *hg = six ? hp + (size_t)g * chunks * I8_TILE : NULL;
         const int8_t *xg = xq + (size_t)g * gs;
         __m512i dot[I8_ROWS];
         for (int m = 0; m < I8_ROWS; m++) dot[m] = _mm512_setzero_si512();
@@ -349,8 +376,17 @@ static inline __attribute__((always_inline)) void w4q_i8_tile512_n(
         for (int c = 0; c + 1 < chunks; c += 2) {
             _mm_prefetch((const char *)(gp + c * 32) + 1024, _MM_HINT_T0);
             const __m512i v = _mm512_loadu_si512(gp + c * 32);
-            const __m512i a = _mm512_and_si512(v, low);
-            const __m512i b = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+            __m512i a = _mm512_and_si512(v, low);
+            __m512i b = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+            if (six) { /* chunk c (low half) takes bits 0-1 / 2-3, chunk c + 1 bits 4-5 / 6-7 */
+                const __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(hg + (c / 2) * 32)));
+                const __m512i up_a = _mm512_set_epi64(0, 0, 0, 0, 4, 4, 4, 4);
+                const __m512i up_b = _mm512_set_epi64(0, 0, 0, 0, 2, 2, 2, 2);
+                const __m512i down_b = _mm512_set_epi64(2, 2, 2, 2, 0, 0, 0, 0);
+                a = _mm512_or_si512(a, _mm512_and_si512(_mm512_sllv_epi64(h, up_a), tops));
+                b = _mm512_or_si512(b, _mm512_and_si512(
+                    _mm512_srlv_epi64(_mm512_sllv_epi64(h, up_b), down_b), tops));
+            }
 #pragma GCC unroll 4
             for (int m = 0; m < I8_ROWS; m++) {
                 if (m >= rows) continue;
@@ -382,14 +418,21 @@ static inline __attribute__((always_inline)) void w4q_i8_tile512_n(
         (void)shift;
 #else
         const __m512i ones = _mm512_set1_epi16(1);
-        for (int c0 = 0; c0 < chunks; c0 += 8) { /* 8 chunks: int16 sums cannot saturate */
+        const int run = six ? 2 : 8; /* chunks per int16 sum (see the top) */
+        for (int c0 = 0; c0 < chunks; c0 += run) { /* int16 sums cannot saturate */
             __m512i d16[I8_ROWS];
             for (int m = 0; m < I8_ROWS; m++) d16[m] = _mm512_setzero_si512();
-            const int end = c0 + 8 < chunks ? c0 + 8 : chunks;
+            const int end = c0 + run < chunks ? c0 + run : chunks;
             for (int c = c0; c < end; c++) {
                 if (c % 2 == 0) _mm_prefetch((const char *)(gp + c * 32) + 1024, _MM_HINT_T0);
                 const __m512i v = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(gp + c * 32)));
-                const __m512i w = _mm512_and_si512(_mm512_srlv_epi64(v, shift), low);
+                __m512i w = _mm512_and_si512(_mm512_srlv_epi64(v, shift), low);
+                if (six) { /* columns 0-7 (low half) and 8-15 (high half) of chunk c */
+                    const __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(hg + (c / 2) * 32)));
+                    const __m512i t = c % 2 ? _mm512_srlv_epi64(h, _mm512_set_epi64(2, 2, 2, 2, 0, 0, 0, 0))
+                                            : _mm512_sllv_epi64(h, _mm512_set_epi64(2, 2, 2, 2, 4, 4, 4, 4));
+                    w = _mm512_or_si512(w, _mm512_and_si512(t, tops));
+                }
 #pragma GCC unroll 4
                 for (int m = 0; m < I8_ROWS; m++) {
                     if (m >= rows) continue;
@@ -610,17 +653,22 @@ static void w4_i8_tile(const uint8_t *wp, const uint16_t *sbp, const int8_t *xq,
     }
 }
 
-static void w4q_i8_tile(const uint8_t *wp, const uint16_t *sbp, const int8_t *xq,
-                        const float *dx, const float *xs, float *acc, int rows, int k, int gs) {
-    switch (rows) {
+/* `hp`: the 6-bit layout's top bits (NULL: 4-bit codes). */
+static void w4q_i8_tile(const uint8_t *wp, const uint8_t *hp, const uint16_t *sbp,
+                        const int8_t *xq, const float *dx, const float *xs, float *acc, int rows,
+                        int k, int gs) {
 #ifdef I8_AVX512
-#define I8_CASE(r) case r: w4q_i8_tile512_n(wp, sbp, xq, dx, xs, acc, r, k, gs); break;
+#define I8_QUADS w4q_i8_tile512_n
 #else
-#define I8_CASE(r) case r: w4q_i8_tile_n(wp, sbp, xq, dx, xs, acc, r, k, gs); break;
+#define I8_QUADS w4q_i8_tile_n
 #endif
+    switch (rows + 4 * (hp != NULL)) {
+#define I8_CASE(r) case r: I8_QUADS(wp, hp, sbp, xq, dx, xs, acc, r, k, gs, 0); break; \
+                   case r + 4: I8_QUADS(wp, hp, sbp, xq, dx, xs, acc, r, k, gs, 1); break;
         I8_CASE(1) I8_CASE(2) I8_CASE(3) I8_CASE(4)
 #undef I8_CASE
     }
+#undef I8_QUADS
 }
 
 static void q8_i8_tile(const int8_t *wp, const float *sp, const float *op, const int16_t *x16,
@@ -822,9 +870,9 @@ static inline void store_tile_row(void *y, int y_bf16, size_t at, const float *a
 /* y [M][N] (float32, or x and y bf16 when `y_bf16`) = x [M][K] @ W.T for the 4-bit pairs layout of
  * quant_gemm.c (or the quads layout, `quads`), through int8 activations per group; `plain`
  * forces the plain-C loops. Returns 0, or -1 when scratch memory cannot be had. */
-static int w4_gemm_i8(const void *x, const uint8_t *packed, const uint16_t *sb, void *y,
-                      int y_bf16, int m_rows, int k, int n, int gs, int threads, int plain,
-                      int quads) {
+static int w4_gemm_i8(const void *x, const uint8_t *packed, const uint8_t *high,
+                      const uint16_t *sb, void *y, int y_bf16, int m_rows, int k, int n, int gs,
+                      int threads, int plain, int quads) {
     const int groups = k / gs, tiles = n / I8_TILE;
     (void)plain; /* builds without the vector loops have only the plain ones */
     int8_t *xq = malloc((size_t)m_rows * k + 64);
@@ -852,6 +900,7 @@ static int w4_gemm_i8(const void *x, const uint8_t *packed, const uint16_t *sb, 
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int t = 0; t < tiles; t++) {
         const uint8_t *wp = packed + (size_t)t * (k / 2) * I8_TILE;
+        const uint8_t *hp = high != NULL ? high + (size_t)t * (k / 4) * I8_TILE : NULL;
         const uint16_t *sbp = sb + (size_t)t * groups * 2 * I8_TILE;
         float acc[I8_ROWS * I8_TILE];
         for (int m0 = 0; m0 < m_rows; m0 += I8_ROWS) {
@@ -865,7 +914,7 @@ static int w4_gemm_i8(const void *x, const uint8_t *packed, const uint16_t *sb, 
 #endif
 #ifdef I8_AVX2
             if (!plain && quads)
-                w4q_i8_tile(wp, sbp, xm, dm, sm, acc, rows, k, gs);
+                w4q_i8_tile(wp, hp, sbp, xm, dm, sm, acc, rows, k, gs);
             else
 #endif
 #if defined(I8_AVX2) || defined(I8_NEON)
@@ -874,7 +923,7 @@ static int w4_gemm_i8(const void *x, const uint8_t *packed, const uint16_t *sb, 
             else
 #endif
             if (quads)
-                w4q_i8_tile_plain(wp, sbp, xm, dm, sm, acc, rows, k, gs);
+                w4q_i8_tile_plain(wp, hp, sbp, xm, dm, sm, acc, rows, k, gs);
             else
                 w4_i8_tile_plain(wp, sbp, xm, dm, sm, acc, rows, k, gs);
             for (int m = 0; m < rows; m++)
@@ -989,14 +1038,29 @@ int q8_gemm_bf16(const uint16_t *x, const int8_t *codes, const float *scales,
  * `plain` picks the plain-C loops over the vector ones. */
 int w4_i8_gemm_f32(const float *x, const uint8_t *packed, const uint16_t *sb, float *y,
                    int m_rows, int k, int n, int gs, int threads, int plain) {
-    return w4_gemm_i8(x, packed, sb, y, 0, m_rows, k, n, gs, threads, plain, 0);
+    return w4_gemm_i8(x, packed, NULL, sb, y, 0, m_rows, k, n, gs, threads, plain, 0);
 }
 
 /* The same for the quads layout (K % 4 == 0, group size % 4 == 0), on every build (the
  * plain-C loops where the build has no vector ones). */
 int w4q_gemm_f32(const float *x, const uint8_t *packed, const uint16_t *sb, float *y,
                  int m_rows, int k, int n, int gs, int threads, int plain) {
-    return w4_gemm_i8(x, packed, sb, y, 0, m_rows, k, n, gs, threads, plain, 1);
+    return w4_gemm_i8(x, packed, NULL, sb, y, 0, m_rows, k, n, gs, threads, plain, 1);
+}
+
+/* The 6-bit layout (see the top: the quads layout's nibbles, `high` their top bits; K % 8 ==
+ * 0, group size % 8 == 0) for float32 x and y, on every build (`plain`: the plain-C loops). */
+int w6_gemm_f32(const float *x, const uint8_t *packed, const uint8_t *high, const uint16_t *sb,
+                float *y, int m_rows, int k, int n, int gs, int threads, int plain) {
+    if (k % 8 || gs % 8) return -2;
+    return w4_gemm_i8(x, packed, high, sb, y, 0, m_rows, k, n, gs, threads, plain, 1);
+}
+
+/* The same for bf16 x and y (the rows read as they are, the products rounded to bf16). */
+int w6_gemm_bf16(const uint16_t *x, const uint8_t *packed, const uint8_t *high,
+                 const uint16_t *sb, uint16_t *y, int m_rows, int k, int n, int gs, int threads) {
+    if (k % 8 || gs % 8) return -2;
+    return w4_gemm_i8(x, packed, high, sb, y, 1, m_rows, k, n, gs, threads, 0, 1);
 }
 
 /* The pairs layout of `tiles` tiles of K rows rewritten in the quads layout, in parallel

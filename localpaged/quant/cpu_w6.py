@@ -1,0 +1,105 @@
+"""The CPU kernel's 6-bit layout (kernels/cpu/int8_dot.c): GGUF Q6_K, Q5_0/1 and Q5_K
+matrices in their own codes (0..63) instead of int8 blocks, 7-8 bits a weight where int8
+blocks take 9-10. The low nibbles are the 4-bit quads layout (`cpu_w4.is_quads`), the top two
+bits a plane beside it, and a float16 scale and offset per group, as 4-bit weights have:
+
+    packed uint8 [N/16, K/4, 32]   nibbles: byte 4j + i of chunk c = q[4c+i][j] | q[4c+i][j+8] << 4
+    high   uint8 [N/16, K/8, 32]   top bits of chunks 2p, 2p+1: byte 4j + i of pair p =
+                                   t[8p+i][j] | t[8p+i][j+8] << 2 | t[8p+4+i][j] << 4 | t[8p+4+i][j+8] << 6
+    sb     float16 [N/16, K/gs, 2, 16]   scale, offset per group: W = q * scale + offset
+
+The products go through int8 activations (as llama.cpp's do) on every x86 build
+(`available`); elsewhere these types stay int8 blocks.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from localpaged.kernels import native
+from localpaged.quant.cpu_w4 import TILE
+
+
+def available(isa: str | None = None) -> bool:
+    """Whether the build for `isa` (default: this process's) has the layout's vector loops."""
+    lib = native.library(isa)
+    return lib is not None and bool(lib.i8_dot_isa()) and bool(lib.w4q_vector())
+
+
+def fits(n: int, k: int, group_size: int) -> bool:
+    """Whether an `[n, k]` matrix of groups of `group_size` fits the layout."""
+    return n % TILE == 0 and group_size % 8 == 0 and k % group_size == 0
+
+
+def pack(codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor,
+         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(`packed`, `high`, `sb`) from codes 0..63 `[N, K]` and per-group float `scales` and
+    `offsets` `[N, K/gs]` (torch ops: the tests' reference for the C packer, and the route for
+    weights not read from a file)."""
+    n, k = codes.shape
+    groups = scales.shape[1]
+    if not fits(n, k, k // max(groups, 1)) or groups * (k // groups) != k:
+        raise ValueError(f"the 6-bit layout needs N % 16 == 0 and groups of a multiple of 8 "
+                         f"(got {n} x {k}, {groups} groups)")
+    if int(codes.min()) < 0 or int(codes.max()) > 63:
+        raise ValueError("6-bit codes are 0..63")
+    q = codes.to(torch.uint8).reshape(n // TILE, TILE, k // 4, 4).permute(0, 2, 3, 1)  # [T,c,i,j]
+    packed = ((q[..., :8] & 15) | ((q[..., 8:] & 15) << 4)).transpose(2, 3)  # [T, c, j, i]
+    top = q >> 4
+    pair = (top[..., :8] | (top[..., 8:] << 2)).reshape(n // TILE, k // 8, 2, 4, 8)
+    high = (pair[:, :, 0] | (pair[:, :, 1] << 4)).transpose(2, 3)  # [T, p, j, i]
+    sb = torch.stack((scales.float(), offsets.float()), dim=1)  # [N, 2, G]
+    sb = sb.reshape(n // TILE, TILE, 2, groups).permute(0, 3, 2, 1)
+    return (packed.reshape(n // TILE, k // 4, 2 * TILE).contiguous(),
+            high.reshape(n // TILE, k // 8, 2 * TILE).contiguous(),
+            sb.to(torch.float16).contiguous())
+
+
+def codes_of(packed: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
+    """The codes `[N, K]` (uint8, 0..63) back from `packed` and `high`."""
+    tiles, chunks, _ = packed.shape
+    b = packed.reshape(tiles, chunks, 8, 4).transpose(2, 3)  # [T, c, i, j]
+    low = torch.cat((b & 15, b >> 4), dim=3)  # [T, c, i, 16]
+    h = high.reshape(tiles, chunks // 2, 8, 4).transpose(2, 3)  # [T, p, i, j]
+    shifts = torch.tensor([0, 4], dtype=torch.uint8).view(1, 1, 2, 1, 1)
+    bits = (h[:, :, None] >> shifts) & 15  # [T, p, half, i, j]: t[j] | t[j+8] << 2
+    top = torch.cat((bits & 3, bits >> 2), dim=4).reshape(tiles, chunks, 4, TILE)
+    q = low | (top << 4)
+    return q.permute(0, 3, 1, 2).reshape(tiles * TILE, chunks * 4)
+
+
+def group_size(packed: torch.Tensor, sb: torch.Tensor) -> int:
+    """The layer's group size."""
+    return packed.shape[1] * 4 // sb.shape[1]
+
+
+def dequantize(packed: torch.Tensor, high: torch.Tensor, sb: torch.Tensor) -> torch.Tensor:
+    """The weight `[N, K]` in float32."""
+    q = codes_of(packed, high).float()
+    n = q.shape[0]
+    gs = group_size(packed, sb)
+    s, o = (v.permute(0, 2, 1).reshape(n, -1).repeat_interleave(gs, dim=1)
+            for v in sb.float().unbind(dim=2))
+    return q * s + o
+
+
+def matmul(x: torch.Tensor, packed: torch.Tensor, high: torch.Tensor, sb: torch.Tensor,
+           isa: str | None = None, plain: bool = False) -> torch.Tensor:
+    """`x @ W.T` for float32 or bf16 `x` `[M, K]` (other dtypes through float32), in x's
+    dtype, through int8 activations per group; `plain` takes the plain-C loops (float32)."""
+    lib = native.library(isa)
+    if lib is None:
+        raise RuntimeError("the CPU 6-bit kernel is not available on this machine")
+    bf16 = x.dtype == torch.bfloat16 and not plain
+    xc = (x if bf16 else x.float()).contiguous()
+    m, k = xc.shape
+    if packed.shape[1] * 4 != k:
+        raise ValueError(f"x has {k} columns, the weight {packed.shape[1] * 4}")
+    n = packed.shape[0] * TILE
+    y = torch.empty(m, n, dtype=xc.dtype)
+    args = (xc.data_ptr(), packed.data_ptr(), high.data_ptr(), sb.data_ptr(), y.data_ptr(), m, k,
+            n, group_size(packed, sb), torch.get_num_threads())
+    rc = (lib.w6_gemm_bf16(*args) if bf16 else lib.w6_gemm_f32(*args, int(plain))) if m else 0
+    if rc:
+        raise MemoryError("the CPU 6-bit kernel could not allocate its scratch memory")
+    return y if y.dtype == x.dtype else y.to(x.dtype)

@@ -1,0 +1,130 @@
+"""GGUF 5- and 6-bit matrices (Q6_K, Q5_0, Q5_1, Q5_K) kept in their codes on the CPU's
+6-bit layout (`cpu_w6`): 8 bits a weight for Q6_K (its scale per 16 values) and 7 for the
+others, where int8 blocks take 10 and 9, so a decode step, which reads every weight once,
+reads less. A fused layer whose parts are 6-bit and 4-bit (a Q4_K_M file's q/k/v, with v in
+Q6_K) is one 6-bit layer: the 4-bit layout's nibbles are this one's, with top bits 0.
+
+A tied token embedding (Q6_K in most K-quant files) is both the input table and the output
+layer: `W6Embedding` gathers rows from the layer's own bytes.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from localpaged.quant import cpu_w4, cpu_w6
+from localpaged.quant.ggml_int8 import GgmlInt8Weight, Int8Blocks
+
+W6_TYPES = {"Q5_0": 32, "Q5_1": 32, "Q5_K": 32, "Q6_K": 16}  # type -> group size
+
+
+def wanted(type_name: str, shape: tuple[int, int]) -> bool:
+    """Whether a GGUF matrix of `type_name` and `shape` `[N, K]` takes the 6-bit layout here."""
+    gs = W6_TYPES.get(type_name)
+    return gs is not None and cpu_w6.fits(*shape, gs) and cpu_w6.available()
+
+
+class W6Linear(nn.Module):
+    """`y = x @ W.T (+ bias)` for the 6-bit layout; float32 or bf16 in and out."""
+
+    def __init__(self, packed: torch.Tensor, high: torch.Tensor, sb: torch.Tensor) -> None:
+        super().__init__()
+        self.register_buffer("packed", packed)
+        self.register_buffer("high", high)
+        self.register_buffer("sb", sb)
+        self.bias: torch.Tensor | None = None
+        self.out_features = packed.shape[0] * cpu_w4.TILE
+        self.in_features = packed.shape[1] * 4
+        self.group_size = cpu_w6.group_size(packed, sb)
+
+    @classmethod
+    def from_gguf(cls, w: GgmlInt8Weight) -> W6Linear:
+        """A GGUF matrix of one of `W6_TYPES` packed in C from the file's blocks."""
+        n, k = w.shape
+        t = n // cpu_w4.TILE
+        packed = torch.empty(t, k // 4, 2 * cpu_w4.TILE, dtype=torch.uint8)
+        high = torch.empty(t, k // 8, 2 * cpu_w4.TILE, dtype=torch.uint8)
+        sb = torch.empty(t, k // W6_TYPES[w.type_name], 2, cpu_w4.TILE, dtype=torch.float16)
+        cpu_w4.gguf_pack("gguf_w6_pack", w.type_name, w.data, w.rows, n, k, packed.data_ptr(),
+                         high.data_ptr(), sb.data_ptr())
+        return cls(packed, high, sb)
+
+    @classmethod
+    def from_quant_linear(cls, layer: nn.Module) -> W6Linear:
+        """The same weight from a `QuantLinear` on the own 4-bit kernel (no act-order): its
+        nibbles in the quads layout, top bits 0, the same scales and offsets."""
+        if getattr(layer, "w4_packed", None) is None or layer.perm is not None:
+            raise ValueError("only a 4-bit layer on the own kernel (no act-order) converts")
+        packed = layer.w4_packed
+        if not cpu_w4.is_quads(packed):
+            packed = cpu_w4.to_quads(packed)
+        t, chunks, _ = packed.shape
+        out = cls(packed, torch.zeros(t, chunks // 2, 2 * cpu_w4.TILE, dtype=torch.uint8),
+                  layer.w4_sb)
+        out.bias = layer.bias
+        return out
+
+    def blocks(self) -> Int8Blocks:
+        """The weight as `Int8Blocks` (codes 0..63, float32 scales and offsets), rows in order."""
+        n = self.out_features
+        s, o = (v.permute(0, 2, 1).reshape(n, -1) for v in self.sb.float().unbind(dim=2))
+        codes = cpu_w6.codes_of(self.packed, self.high).to(torch.int8)
+        return Int8Blocks(codes, s, o, self.group_size, "6-bit")
+
+    @classmethod
+    def concat(cls, layers: list[nn.Module]) -> W6Linear:
+        """One layer computing the outputs of `layers` (6-bit, or 4-bit on the own kernel)
+        side by side, at the smallest group size among them."""
+        parts = [p if isinstance(p, W6Linear) else cls.from_quant_linear(p) for p in layers]
+        if len({p.in_features for p in parts}) != 1 or len({p.bias is None for p in parts}) != 1:
+            raise ValueError("layers differ in input size or bias")
+        gs = min(p.group_size for p in parts)
+        if any(p.group_size % gs for p in parts) or gs % 8:
+            raise ValueError("group sizes do not divide each other")
+        sb = torch.cat([p.sb.repeat_interleave(p.group_size // gs, dim=1) for p in parts])
+        out = cls(torch.cat([p.packed for p in parts]), torch.cat([p.high for p in parts]), sb)
+        if parts[0].bias is not None:
+            out.bias = torch.cat([p.bias for p in parts])  # type: ignore[misc]
+        return out
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        y = cpu_w6.matmul(x.reshape(-1, self.in_features), self.packed, self.high, self.sb)
+        if self.bias is not None:
+            y += self.bias.to(y.dtype)
+        return y.reshape(*shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"6-bit, group {self.group_size}")
+
+
+class W6Embedding(nn.Module):
+    """Rows of a 6-bit matrix (a `W6Linear`'s bytes) as float embeddings of `dtype`."""
+
+    def __init__(self, linear: W6Linear, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.table = linear  # shared with a tied lm_head: not a second copy
+        self.dtype = dtype
+        self.num_embeddings, self.embedding_dim = linear.out_features, linear.in_features
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        flat = cpu_w4.checked_ids(ids, self.num_embeddings)
+        t = self.table
+        tile, col = flat // cpu_w4.TILE, flat % cpu_w4.TILE
+        byte = (4 * (col % 8))[:, None] + torch.arange(4)  # [n, 4]: the bytes of column col
+        half = (col // 8)[:, None, None]
+        low = (t.packed[tile[:, None, None], torch.arange(t.packed.shape[1])[None, :, None],
+                        byte[:, None, :]] >> (4 * half).to(torch.uint8)) & 15  # [n, K/4, 4]
+        h = t.high[tile[:, None, None], torch.arange(t.high.shape[1])[None, :, None],
+                   byte[:, None, :]]  # [n, K/8, 4]
+        shifts = (2 * half[..., None] + torch.tensor([0, 4]).view(1, 1, 2, 1)).to(torch.uint8)
+        top = (h[:, :, None, :] >> shifts) & 3  # [n, K/8, 2, 4]
+        q = (low.reshape(flat.numel(), -1) | (top.reshape(flat.numel(), -1) << 4)).float()
+        sb = t.sb[tile, :, :, col].float()  # [n, G, 2]
+        s, o = (v.repeat_interleave(t.group_size, dim=1) for v in sb.unbind(dim=2))
+        return (q * s + o).to(self.dtype).reshape(*ids.shape, self.embedding_dim)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, 6-bit"
