@@ -123,24 +123,40 @@ class Q8Linear(nn.Module):
                 f"int8 blocks of {self.block}{' with offsets' if self.tile_offsets is not None else ''}")
 
 
-class Q8Embedding(nn.Module):
-    """Rows of an int8-block matrix (in `Q8Linear`'s tiles) as float embeddings of `dtype`."""
+class TileEmbedding(nn.Module):
+    """Rows of a weight matrix held in a kernel layer's tiles (`table`, shared with a tied
+    lm_head: not a second copy) as float embeddings of `dtype`; `float_rows` reads them."""
 
-    def __init__(self, linear: Q8Linear, dtype: torch.dtype) -> None:
+    kind = ""
+
+    def __init__(self, linear: nn.Module, dtype: torch.dtype) -> None:
         super().__init__()
-        self.table = linear  # shared with a tied lm_head: not a second copy
+        self.table = linear
         self.dtype = dtype
         self.num_embeddings, self.embedding_dim = linear.out_features, linear.in_features
 
+    def float_rows(self, tile: torch.Tensor, col: torch.Tensor) -> torch.Tensor:
+        """The float32 rows `[n, K]` of output columns `col` of tiles `tile`."""
+        raise NotImplementedError
+
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         flat = cpu_w4.checked_ids(ids, self.num_embeddings)
-        tile, col = flat // cpu_w4.TILE, flat % cpu_w4.TILE
-        block = self.table.block
-        codes = self.table.tiles[tile, :, :, col].reshape(flat.numel(), -1).float()
-        rows = codes * self.table.tile_scales[tile, :, col].repeat_interleave(block, dim=1)
-        if self.table.tile_offsets is not None:
-            rows += self.table.tile_offsets[tile, :, col].repeat_interleave(block, dim=1)
+        rows = self.float_rows(flat // cpu_w4.TILE, flat % cpu_w4.TILE)
         return rows.to(self.dtype).reshape(*ids.shape, self.embedding_dim)
 
     def extra_repr(self) -> str:
-        return f"{self.num_embeddings}, {self.embedding_dim}, int8 blocks"
+        return f"{self.num_embeddings}, {self.embedding_dim}, {self.kind}"
+
+
+class Q8Embedding(TileEmbedding):
+    """Rows of an int8-block matrix (in `Q8Linear`'s tiles) as float embeddings of `dtype`."""
+
+    kind = "int8 blocks"
+
+    def float_rows(self, tile: torch.Tensor, col: torch.Tensor) -> torch.Tensor:
+        block = self.table.block
+        codes = self.table.tiles[tile, :, :, col].reshape(tile.numel(), -1).float()
+        rows = codes * self.table.tile_scales[tile, :, col].repeat_interleave(block, dim=1)
+        if self.table.tile_offsets is not None:
+            rows += self.table.tile_offsets[tile, :, col].repeat_interleave(block, dim=1)
+        return rows

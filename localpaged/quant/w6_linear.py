@@ -15,6 +15,7 @@ from torch import nn
 
 from localpaged.quant import cpu_w4, cpu_w6
 from localpaged.quant.ggml_int8 import GgmlInt8Weight, Int8Blocks
+from localpaged.quant.q8_linear import TileEmbedding
 
 W6_TYPES = {"Q5_0": 32, "Q5_1": 32, "Q5_K": 32, "Q6_K": 16}  # type -> group size
 
@@ -100,19 +101,13 @@ class W6Linear(nn.Module):
                 f"6-bit, group {self.group_size}")
 
 
-class W6Embedding(nn.Module):
+class W6Embedding(TileEmbedding):
     """Rows of a 6-bit matrix (a `W6Linear`'s bytes) as float embeddings of `dtype`."""
 
-    def __init__(self, linear: W6Linear, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.table = linear  # shared with a tied lm_head: not a second copy
-        self.dtype = dtype
-        self.num_embeddings, self.embedding_dim = linear.out_features, linear.in_features
+    kind = "6-bit"
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        flat = cpu_w4.checked_ids(ids, self.num_embeddings)
-        t = self.table
-        tile, col = flat // cpu_w4.TILE, flat % cpu_w4.TILE
+    def float_rows(self, tile: torch.Tensor, col: torch.Tensor) -> torch.Tensor:
+        t, n = self.table, tile.numel()
         byte = (4 * (col % 8))[:, None] + torch.arange(4)  # [n, 4]: the bytes of column col
         half = (col // 8)[:, None, None]
         low = (t.packed[tile[:, None, None], torch.arange(t.packed.shape[1])[None, :, None],
@@ -121,10 +116,7 @@ class W6Embedding(nn.Module):
                    byte[:, None, :]]  # [n, K/8, 4]
         shifts = (2 * half[..., None] + torch.tensor([0, 4]).view(1, 1, 2, 1)).to(torch.uint8)
         top = (h[:, :, None, :] >> shifts) & 3  # [n, K/8, 2, 4]
-        q = (low.reshape(flat.numel(), -1) | (top.reshape(flat.numel(), -1) << 4)).float()
+        q = (low.reshape(n, -1) | (top.reshape(n, -1) << 4)).float()
         sb = t.sb[tile, :, :, col].float()  # [n, G, 2]
         s, o = (v.repeat_interleave(t.group_size, dim=1) for v in sb.unbind(dim=2))
-        return (q * s + o).to(self.dtype).reshape(*ids.shape, self.embedding_dim)
-
-    def extra_repr(self) -> str:
-        return f"{self.num_embeddings}, {self.embedding_dim}, 6-bit"
+        return q * s + o
