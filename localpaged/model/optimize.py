@@ -32,9 +32,11 @@ def optimize_for_inference(model: nn.Module, device: torch.device) -> dict[str, 
         return done
     from localpaged.quant.int8_linear import Int8Linear
     from localpaged.quant.linear import QuantLinear
+    from localpaged.quant.q8_linear import Q8Linear
+    from localpaged.quant.w6_linear import W6Linear
 
     quantized = [m for m in model.modules() if isinstance(m, QuantLinear)]
-    if not quantized:
+    if not any(isinstance(m, (QuantLinear, W6Linear, Q8Linear)) for m in model.modules()):
         return done  # a 16-bit checkpoint stays as it is: nothing to trade
     budget = DENSE_COPY_LIMIT_GB * 2**30
     from localpaged.kernels.decode_layer import CpuDecodePlan
