@@ -29,7 +29,7 @@ class _W4(ctypes.Structure):
                 ("k", ctypes.c_int), ("n", ctypes.c_int), ("group_size", ctypes.c_int),
                 ("codes8", ctypes.c_void_p), ("scales8", ctypes.c_void_p),
                 ("offsets8", ctypes.c_void_p), ("block8", ctypes.c_int), ("quads", ctypes.c_int),
-                ("high", ctypes.c_void_p)]
+                ("high", ctypes.c_void_p), ("zero_point", ctypes.c_int), ("w6", ctypes.c_int)]
 
 
 class _Layer(ctypes.Structure):
@@ -73,9 +73,11 @@ def _six_bit(linear: Any, dtype: torch.dtype) -> _W4 | None:
     bias = linear.bias
     if bias is not None and (bias.dtype != dtype or not bias.is_contiguous()):
         return None
+    high = linear.high.data_ptr() if linear.high is not None else None
     return _W4(linear.packed.data_ptr(), linear.sb.data_ptr(),
                bias.data_ptr() if bias is not None else None, linear.in_features,
-               linear.out_features, linear.group_size, quads=1, high=linear.high.data_ptr())
+               linear.out_features, linear.group_size, quads=1, high=high,
+               zero_point=linear.zero_point, w6=1)
 
 
 def _w4(linear: Any, dtype: torch.dtype) -> _W4 | None:

@@ -7,6 +7,9 @@ bits a plane beside it, and a float16 scale and offset per group, as 4-bit weigh
     high   uint8 [N/16, K/8, 32]   top bits of chunks 2p, 2p+1: byte 4j + i of pair p =
                                    t[8p+i][j] | t[8p+i][j+8] << 2 | t[8p+4+i][j] << 4 | t[8p+4+i][j+8] << 6
     sb     float16 [N/16, K/gs, 2, 16]   scale, offset per group: W = q * scale + offset
+           or [N/16, K/gs, 1, 16]          scales of symmetric groups (a zero point zp:
+                                           Q4_0's 8, Q5_0's 16, Q6_K's 32): W = (q - zp) * scale
+    (`high` is None for 4-bit codes: the quads layout with symmetric groups, for Q4_0.)
 
 The products go through int8 activations (as llama.cpp's do) on every x86 build
 (`available`); elsewhere these types stay int8 blocks.
@@ -31,41 +34,50 @@ def fits(n: int, k: int, group_size: int) -> bool:
     return n % TILE == 0 and group_size % 8 == 0 and k % group_size == 0
 
 
-def pack(codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor,
-         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def pack(codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor | None,
+         zero_point: int = 0, top_bits: bool = True,
+         ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """(`packed`, `high`, `sb`) from codes 0..63 `[N, K]` and per-group float `scales` and
     `offsets` `[N, K/gs]` (torch ops: the tests' reference for the C packer, and the route for
-    weights not read from a file)."""
+    weights not read from a file). With a `zero_point` the offsets are `-zero_point * scale`
+    and `sb` holds the scales only (`offsets` None); without `top_bits` the codes are 0..15
+    and `high` is None (the 4-bit quads layout)."""
     n, k = codes.shape
     groups = scales.shape[1]
-    if not fits(n, k, k // max(groups, 1)) or groups * (k // groups) != k:
+    gs = k // max(groups, 1)
+    if n % TILE or gs % (8 if top_bits else 4) or groups * gs != k:
         raise ValueError(f"the 6-bit layout needs N % 16 == 0 and groups of a multiple of 8 "
                          f"(got {n} x {k}, {groups} groups)")
-    if int(codes.min()) < 0 or int(codes.max()) > 63:
-        raise ValueError("6-bit codes are 0..63")
+    if int(codes.min()) < 0 or int(codes.max()) > (63 if top_bits else 15):
+        raise ValueError(f"the codes are 0..{63 if top_bits else 15}")
+    if (offsets is None) != (zero_point > 0):
+        raise ValueError("give offsets, or a zero point")
     q = codes.to(torch.uint8).reshape(n // TILE, TILE, k // 4, 4).permute(0, 2, 3, 1)  # [T,c,i,j]
     packed = ((q[..., :8] & 15) | ((q[..., 8:] & 15) << 4)).transpose(2, 3)  # [T, c, j, i]
-    top = q >> 4
-    pair = (top[..., :8] | (top[..., 8:] << 2)).reshape(n // TILE, k // 8, 2, 4, 8)
-    high = (pair[:, :, 0] | (pair[:, :, 1] << 4)).transpose(2, 3)  # [T, p, j, i]
-    sb = torch.stack((scales.float(), offsets.float()), dim=1)  # [N, 2, G]
-    sb = sb.reshape(n // TILE, TILE, 2, groups).permute(0, 3, 2, 1)
-    return (packed.reshape(n // TILE, k // 4, 2 * TILE).contiguous(),
-            high.reshape(n // TILE, k // 8, 2 * TILE).contiguous(),
+    high = None
+    if top_bits:
+        top = q >> 4
+        pair = (top[..., :8] | (top[..., 8:] << 2)).reshape(n // TILE, k // 8, 2, 4, 8)
+        high = (pair[:, :, 0] | (pair[:, :, 1] << 4)).transpose(2, 3)  # [T, p, j, i]
+        high = high.reshape(n // TILE, k // 8, 2 * TILE).contiguous()
+    parts = (scales.float(),) if zero_point else (scales.float(), offsets.float())  # type: ignore[union-attr]
+    sb = torch.stack(parts, dim=1)  # [N, 1 or 2, G]
+    sb = sb.reshape(n // TILE, TILE, len(parts), groups).permute(0, 3, 2, 1)
+    return (packed.reshape(n // TILE, k // 4, 2 * TILE).contiguous(), high,
             sb.to(torch.float16).contiguous())
 
 
-def codes_of(packed: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
-    """The codes `[N, K]` (uint8, 0..63) back from `packed` and `high`."""
+def codes_of(packed: torch.Tensor, high: torch.Tensor | None) -> torch.Tensor:
+    """The codes `[N, K]` (uint8, 0..63) back from `packed` and `high` (None: 0..15)."""
     tiles, chunks, _ = packed.shape
     b = packed.reshape(tiles, chunks, 8, 4).transpose(2, 3)  # [T, c, i, j]
     low = torch.cat((b & 15, b >> 4), dim=3)  # [T, c, i, 16]
-    h = high.reshape(tiles, chunks // 2, 8, 4).transpose(2, 3)  # [T, p, i, j]
-    shifts = torch.tensor([0, 4], dtype=torch.uint8).view(1, 1, 2, 1, 1)
-    bits = (h[:, :, None] >> shifts) & 15  # [T, p, half, i, j]: t[j] | t[j+8] << 2
-    top = torch.cat((bits & 3, bits >> 2), dim=4).reshape(tiles, chunks, 4, TILE)
-    q = low | (top << 4)
-    return q.permute(0, 3, 1, 2).reshape(tiles * TILE, chunks * 4)
+    if high is not None:
+        h = high.reshape(tiles, chunks // 2, 8, 4).transpose(2, 3)  # [T, p, i, j]
+        shifts = torch.tensor([0, 4], dtype=torch.uint8).view(1, 1, 2, 1, 1)
+        bits = (h[:, :, None] >> shifts) & 15  # [T, p, half, i, j]: t[j] | t[j+8] << 2
+        low = low | (torch.cat((bits & 3, bits >> 2), dim=4).reshape(tiles, chunks, 4, TILE) << 4)
+    return low.permute(0, 3, 1, 2).reshape(tiles * TILE, chunks * 4)
 
 
 def group_size(packed: torch.Tensor, sb: torch.Tensor) -> int:
@@ -73,18 +85,23 @@ def group_size(packed: torch.Tensor, sb: torch.Tensor) -> int:
     return packed.shape[1] * 4 // sb.shape[1]
 
 
-def dequantize(packed: torch.Tensor, high: torch.Tensor, sb: torch.Tensor) -> torch.Tensor:
+def scales_offsets(sb: torch.Tensor, zero_point: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-group float32 (scales, offsets) `[N, K/gs]` of `sb`."""
+    n = sb.shape[0] * TILE
+    parts = [v.permute(0, 2, 1).reshape(n, -1) for v in sb.float().unbind(dim=2)]
+    return parts[0], (-zero_point * parts[0] if zero_point else parts[1])
+
+
+def dequantize(packed: torch.Tensor, high: torch.Tensor | None, sb: torch.Tensor,
+               zero_point: int = 0) -> torch.Tensor:
     """The weight `[N, K]` in float32."""
-    q = codes_of(packed, high).float()
-    n = q.shape[0]
     gs = group_size(packed, sb)
-    s, o = (v.permute(0, 2, 1).reshape(n, -1).repeat_interleave(gs, dim=1)
-            for v in sb.float().unbind(dim=2))
-    return q * s + o
+    s, o = (v.repeat_interleave(gs, dim=1) for v in scales_offsets(sb, zero_point))
+    return codes_of(packed, high).float() * s + o
 
 
-def matmul(x: torch.Tensor, packed: torch.Tensor, high: torch.Tensor, sb: torch.Tensor,
-           isa: str | None = None, plain: bool = False) -> torch.Tensor:
+def matmul(x: torch.Tensor, packed: torch.Tensor, high: torch.Tensor | None, sb: torch.Tensor,
+           zero_point: int = 0, isa: str | None = None, plain: bool = False) -> torch.Tensor:
     """`x @ W.T` for float32 or bf16 `x` `[M, K]` (other dtypes through float32), in x's
     dtype, through int8 activations per group; `plain` takes the plain-C loops (float32)."""
     lib = native.library(isa)
@@ -97,8 +114,9 @@ def matmul(x: torch.Tensor, packed: torch.Tensor, high: torch.Tensor, sb: torch.
         raise ValueError(f"x has {k} columns, the weight {packed.shape[1] * 4}")
     n = packed.shape[0] * TILE
     y = torch.empty(m, n, dtype=xc.dtype)
-    args = (xc.data_ptr(), packed.data_ptr(), high.data_ptr(), sb.data_ptr(), y.data_ptr(), m, k,
-            n, group_size(packed, sb), torch.get_num_threads())
+    args = (xc.data_ptr(), packed.data_ptr(), None if high is None else high.data_ptr(),
+            sb.data_ptr(), zero_point, y.data_ptr(), m, k, n, group_size(packed, sb),
+            torch.get_num_threads())
     rc = (lib.w6_gemm_bf16(*args) if bf16 else lib.w6_gemm_f32(*args, int(plain))) if m else 0
     if rc:
         raise MemoryError("the CPU 6-bit kernel could not allocate its scratch memory")

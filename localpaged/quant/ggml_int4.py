@@ -150,6 +150,11 @@ class GgmlInt4Weight:
         self._blocks = (type_name, data, order)
         return self
 
+    @property
+    def type_name(self) -> str | None:
+        """The file's GGML type (None for a weight given as parts)."""
+        return None if self._blocks is None else self._blocks[0]
+
     def _numpy_parts(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if self._parts is None:
             assert self._blocks is not None

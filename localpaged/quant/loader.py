@@ -159,8 +159,15 @@ def install_int4(model: nn.Module, name: str, weight: Any, tied: bool = False) -
         if tuple(param.shape) != (weight.out_features, weight.in_features):
             raise ValueError(f"tensor {name!r}: expected shape {tuple(param.shape)}, found "
                              f"{(weight.out_features, weight.in_features)}")
-        from localpaged.quant import cpu_w4
+        from localpaged.quant import cpu_w4, w6_linear
 
+        if (isinstance(linear, nn.Embedding) and param.device.type == "cpu"
+                and w6_linear.q4_0_wanted(weight, param.dtype)):
+            six = w6_linear.W6Linear.from_q4_0(weight)
+            model.model.embed_tokens = w6_linear.W6Embedding(six, param.dtype)
+            if tied:
+                model.lm_head = six
+            return
         if isinstance(linear, nn.Embedding) and param.device.type == "cpu" and cpu_w4.available():
             from localpaged.quant.linear import QuantEmbedding
 
@@ -176,7 +183,13 @@ def install_int4(model: nn.Module, name: str, weight: Any, tied: bool = False) -
     if (weight.out_features, weight.in_features) != (linear.out_features, linear.in_features):
         raise ValueError(f"tensor {name!r}: expected shape {tuple(linear.weight.shape)}, found "
                          f"{(weight.out_features, weight.in_features)}")
-    layer = QuantLinear.from_int4(weight, None, linear.weight.dtype, linear.weight.device)
+    from localpaged.quant import w6_linear
+
+    layer: nn.Module
+    if linear.weight.device.type == "cpu" and w6_linear.q4_0_wanted(weight, linear.weight.dtype):
+        layer = w6_linear.W6Linear.from_q4_0(weight)  # symmetric groups: the file's 4.5 bits
+    else:
+        layer = QuantLinear.from_int4(weight, None, linear.weight.dtype, linear.weight.device)
     if linear.bias is not None:
         layer.bias = linear.bias
     parent, _, child = prefix.rpartition(".")

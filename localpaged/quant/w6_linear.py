@@ -18,6 +18,7 @@ from localpaged.quant.ggml_int8 import GgmlInt8Weight, Int8Blocks
 from localpaged.quant.q8_linear import TileEmbedding
 
 W6_TYPES = {"Q5_0": 32, "Q5_1": 32, "Q5_K": 32, "Q6_K": 16}  # type -> group size
+ZERO_POINTS = {"Q4_0": 8, "Q5_0": 16, "Q6_K": 32}  # the symmetric types: W = (q - zp) * scale
 
 
 def wanted(type_name: str, shape: tuple[int, int]) -> bool:
@@ -26,14 +27,29 @@ def wanted(type_name: str, shape: tuple[int, int]) -> bool:
     return gs is not None and cpu_w6.fits(*shape, gs) and cpu_w6.available()
 
 
-class W6Linear(nn.Module):
-    """`y = x @ W.T (+ bias)` for the 6-bit layout; float32 or bf16 in and out."""
+def q4_0_wanted(w: object, dtype: torch.dtype) -> bool:
+    """Whether a GGUF 4-bit matrix (`GgmlInt4Weight`) is Q4_0 for a layer computing in `dtype`
+    that takes the quads layout anyway: then it keeps symmetric groups (4.5 bits a weight,
+    the file's, where the 4-bit layer's stored offsets make 5)."""
+    from localpaged.quant.ggml_int4 import GgmlInt4Weight
 
-    def __init__(self, packed: torch.Tensor, high: torch.Tensor, sb: torch.Tensor) -> None:
+    return (isinstance(w, GgmlInt4Weight) and w.type_name == "Q4_0" and cpu_w6.available()
+            and cpu_w4.quads_wanted(dtype))
+
+
+class W6Linear(nn.Module):
+    """`y = x @ W.T (+ bias)` for the 6-bit layout (or the 4-bit quads layout with symmetric
+    groups, `high` None); float32 or bf16 in and out."""
+
+    def __init__(self, packed: torch.Tensor, high: torch.Tensor | None, sb: torch.Tensor,
+                 zero_point: int = 0) -> None:
         super().__init__()
+        if (sb.shape[2] == 1) != (zero_point > 0):
+            raise ValueError("scales alone need a zero point, scales and offsets none")
         self.register_buffer("packed", packed)
         self.register_buffer("high", high)
         self.register_buffer("sb", sb)
+        self.zero_point = zero_point
         self.bias: torch.Tensor | None = None
         self.out_features = packed.shape[0] * cpu_w4.TILE
         self.in_features = packed.shape[1] * 4
@@ -41,7 +57,8 @@ class W6Linear(nn.Module):
 
     @classmethod
     def from_gguf(cls, w: GgmlInt8Weight) -> W6Linear:
-        """A GGUF matrix of one of `W6_TYPES` packed in C from the file's blocks."""
+        """A GGUF matrix of one of `W6_TYPES` packed in C from the file's blocks (a symmetric
+        type keeps its scales alone)."""
         n, k = w.shape
         t = n // cpu_w4.TILE
         packed = torch.empty(t, k // 4, 2 * cpu_w4.TILE, dtype=torch.uint8)
@@ -49,56 +66,88 @@ class W6Linear(nn.Module):
         sb = torch.empty(t, k // W6_TYPES[w.type_name], 2, cpu_w4.TILE, dtype=torch.float16)
         cpu_w4.gguf_pack("gguf_w6_pack", w.type_name, w.data, w.rows, n, k, packed.data_ptr(),
                          high.data_ptr(), sb.data_ptr())
-        return cls(packed, high, sb)
+        zp = ZERO_POINTS.get(w.type_name, 0)
+        return cls(packed, high, sb[:, :, :1].contiguous() if zp else sb, zp)
+
+    @classmethod
+    def from_q4_0(cls, w: object) -> W6Linear:
+        """A GGUF Q4_0 matrix (`GgmlInt4Weight`) in the quads layout, its scales alone (its
+        offsets are -8 * d)."""
+        packed, sb = w.cpu_w4_pack(quads=True)  # type: ignore[attr-defined]
+        return cls(packed, None, sb[:, :, :1].contiguous(), ZERO_POINTS["Q4_0"])
 
     @classmethod
     def from_quant_linear(cls, layer: nn.Module) -> W6Linear:
         """The same weight from a `QuantLinear` on the own 4-bit kernel (no act-order): its
-        nibbles in the quads layout, top bits 0, the same scales and offsets."""
+        nibbles in the quads layout, no top bits, the same scales and offsets."""
         if getattr(layer, "w4_packed", None) is None or layer.perm is not None:
             raise ValueError("only a 4-bit layer on the own kernel (no act-order) converts")
         packed = layer.w4_packed
         if not cpu_w4.is_quads(packed):
             packed = cpu_w4.to_quads(packed)
-        t, chunks, _ = packed.shape
-        out = cls(packed, torch.zeros(t, chunks // 2, 2 * cpu_w4.TILE, dtype=torch.uint8),
-                  layer.w4_sb)
+        out = cls(packed, None, layer.w4_sb)
         out.bias = layer.bias
         return out
 
+    def scales_offsets(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-group float32 (scales, offsets) `[N, K/gs]`."""
+        return cpu_w6.scales_offsets(self.sb, self.zero_point)
+
     def blocks(self) -> Int8Blocks:
         """The weight as `Int8Blocks` (codes 0..63, float32 scales and offsets), rows in order."""
-        n = self.out_features
-        s, o = (v.permute(0, 2, 1).reshape(n, -1) for v in self.sb.float().unbind(dim=2))
+        s, o = self.scales_offsets()
         codes = cpu_w6.codes_of(self.packed, self.high).to(torch.int8)
         return Int8Blocks(codes, s, o, self.group_size, "6-bit")
+
+    def dequantize(self) -> torch.Tensor:
+        """The weight `[N, K]` in float32."""
+        return cpu_w6.dequantize(self.packed, self.high, self.sb, self.zero_point)
 
     @classmethod
     def concat(cls, layers: list[nn.Module]) -> W6Linear:
         """One layer computing the outputs of `layers` (6-bit, or 4-bit on the own kernel)
-        side by side, at the smallest group size among them."""
+        side by side, at the smallest group size among them: symmetric where all are, with one
+        zero point; with top bits where any part has them (0 for the others)."""
         parts = [p if isinstance(p, W6Linear) else cls.from_quant_linear(p) for p in layers]
         if len({p.in_features for p in parts}) != 1 or len({p.bias is None for p in parts}) != 1:
             raise ValueError("layers differ in input size or bias")
         gs = min(p.group_size for p in parts)
-        if any(p.group_size % gs for p in parts) or gs % 8:
+        six = any(p.high is not None for p in parts)
+        if any(p.group_size % gs for p in parts) or gs % (8 if six else 4):
             raise ValueError("group sizes do not divide each other")
-        sb = torch.cat([p.sb.repeat_interleave(p.group_size // gs, dim=1) for p in parts])
-        out = cls(torch.cat([p.packed for p in parts]), torch.cat([p.high for p in parts]), sb)
+        points = {p.zero_point for p in parts}
+        zp = points.pop() if len(points) == 1 else 0
+
+        def sb_of(p: W6Linear) -> torch.Tensor:
+            sb = p.sb
+            if p.zero_point and not zp:  # the offsets written out
+                sb = torch.cat((sb, (sb.float() * -p.zero_point).half()), dim=2)
+            return sb.repeat_interleave(p.group_size // gs, dim=1)
+
+        def high_of(p: W6Linear) -> torch.Tensor:
+            t, chunks, _ = p.packed.shape
+            return p.high if p.high is not None else torch.zeros(t, chunks // 2, 2 * cpu_w4.TILE,
+                                                                 dtype=torch.uint8)
+
+        out = cls(torch.cat([p.packed for p in parts]),
+                  torch.cat([high_of(p) for p in parts]) if six else None,
+                  torch.cat([sb_of(p) for p in parts]), zp)
         if parts[0].bias is not None:
             out.bias = torch.cat([p.bias for p in parts])  # type: ignore[misc]
         return out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        y = cpu_w6.matmul(x.reshape(-1, self.in_features), self.packed, self.high, self.sb)
+        y = cpu_w6.matmul(x.reshape(-1, self.in_features), self.packed, self.high, self.sb,
+                          self.zero_point)
         if self.bias is not None:
             y += self.bias.to(y.dtype)
         return y.reshape(*shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"6-bit, group {self.group_size}")
+                f"{'6' if self.high is not None else '4'}-bit, group {self.group_size}"
+                + (f", zero point {self.zero_point}" if self.zero_point else ""))
 
 
 class W6Embedding(TileEmbedding):
@@ -110,13 +159,16 @@ class W6Embedding(TileEmbedding):
         t, n = self.table, tile.numel()
         byte = (4 * (col % 8))[:, None] + torch.arange(4)  # [n, 4]: the bytes of column col
         half = (col // 8)[:, None, None]
-        low = (t.packed[tile[:, None, None], torch.arange(t.packed.shape[1])[None, :, None],
-                        byte[:, None, :]] >> (4 * half).to(torch.uint8)) & 15  # [n, K/4, 4]
-        h = t.high[tile[:, None, None], torch.arange(t.high.shape[1])[None, :, None],
-                   byte[:, None, :]]  # [n, K/8, 4]
-        shifts = (2 * half[..., None] + torch.tensor([0, 4]).view(1, 1, 2, 1)).to(torch.uint8)
-        top = (h[:, :, None, :] >> shifts) & 3  # [n, K/8, 2, 4]
-        q = (low.reshape(n, -1) | (top.reshape(n, -1) << 4)).float()
-        sb = t.sb[tile, :, :, col].float()  # [n, G, 2]
-        s, o = (v.repeat_interleave(t.group_size, dim=1) for v in sb.unbind(dim=2))
-        return q * s + o
+        q = (t.packed[tile[:, None, None], torch.arange(t.packed.shape[1])[None, :, None],
+                      byte[:, None, :]] >> (4 * half).to(torch.uint8)) & 15  # [n, K/4, 4]
+        q = q.reshape(n, -1)
+        if t.high is not None:
+            h = t.high[tile[:, None, None], torch.arange(t.high.shape[1])[None, :, None],
+                       byte[:, None, :]]  # [n, K/8, 4]
+            shifts = (2 * half[..., None] + torch.tensor([0, 4]).view(1, 1, 2, 1)).to(torch.uint8)
+            q = q | (((h[:, :, None, :] >> shifts) & 3).reshape(n, -1) << 4)  # [n, K/8, 2, 4]
+        sb = t.sb[tile, :, :, col].float()  # [n, G, 1 or 2]
+        s = sb[..., 0]
+        o = -t.zero_point * s if t.zero_point else sb[..., 1]
+        return q.float() * s.repeat_interleave(t.group_size, dim=1) + o.repeat_interleave(
+            t.group_size, dim=1)

@@ -54,30 +54,54 @@ def _int8_reference(x: torch.Tensor, w: torch.Tensor, group: int) -> torch.Tenso
     return rounded @ w.double().t()
 
 
+# (top bits, zero point): 6-bit with offsets (Q5_1, Q5_K), 6-bit symmetric (Q6_K, Q5_0),
+# 4-bit symmetric (Q4_0)
+KINDS = [(True, 0), (True, 32), (False, 8)]
+
+
+def _packed(n: int, k: int, group: int, seed: int, six: bool, zp: int):
+    codes, s, o = _weight(n, k, group, seed, 64 if six else 16)
+    codes[:, : k // 2] = 63 if six else 15  # the largest products
+    return cpu_w6.pack(codes, s, None if zp else o, zero_point=zp, top_bits=six)
+
+
 @needs_kernels
 @pytest.mark.parametrize("rows", [1, 3, 4, 5, 9])
 @pytest.mark.parametrize(("n", "k", "group"), [(32, 64, 16), (48, 256, 32), (576, 1536, 16),
                                               (64, 96, 24)])
+@pytest.mark.parametrize(("six", "zp"), KINDS, ids=["6-bit", "6-bit-sym", "4-bit-sym"])
 def test_loops_equal_the_int8_reference(cpu_variant: str, rows: int, n: int, k: int,
-                                        group: int) -> None:
+                                        group: int, six: bool, zp: int) -> None:
     """Each build's vector loops and its plain-C loops, float32 and bf16, against the float64
     product of the weight and the activations rounded to int8 per group; codes up to 63 fill
     the int16 sums of the builds without VNNI to their limit."""
-    codes, s, o = _weight(n, k, group, rows)
-    codes[:, : k // 2] = 63  # the largest products
-    packed, high, sb = cpu_w6.pack(codes, s, o)
-    w = cpu_w6.dequantize(packed, high, sb)
+    packed, high, sb = _packed(n, k, group, rows, six, zp)
+    w = cpu_w6.dequantize(packed, high, sb, zp)
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
     x[0, : k // 2] = x[0, : k // 2].abs() * 10  # all of one sign, at the largest code
     exact = _int8_reference(x, w, group)
     for plain in (False, True):
-        got = cpu_w6.matmul(x, packed, high, sb, plain=plain)
+        got = cpu_w6.matmul(x, packed, high, sb, zp, plain=plain)
         assert got.dtype == torch.float32
         assert (got.double() - exact).abs().max() <= 2**-18 * exact.abs().max()
     xb = x.bfloat16()  # read as bf16: the float32 product of the same values, rounded
-    got = cpu_w6.matmul(xb, packed, high, sb)
+    got = cpu_w6.matmul(xb, packed, high, sb, zp)
     assert got.dtype == torch.bfloat16
-    assert torch.equal(got, cpu_w6.matmul(xb.float(), packed, high, sb).bfloat16())
+    assert torch.equal(got, cpu_w6.matmul(xb.float(), packed, high, sb, zp).bfloat16())
+
+
+@needs_kernels
+def test_symmetric_groups_equal_their_offsets_written_out() -> None:
+    """Scales alone with a zero point give the products of the same weight with its offsets
+    `-zp * scale` stored, bit for bit (the offsets are exact: zp is a power of two)."""
+    codes, s, _ = _weight(48, 256, 16, 3)
+    sym = cpu_w6.pack(codes, s, None, zero_point=32)
+    full = cpu_w6.pack(codes, s, -32 * s)
+    assert sym[2].shape == (3, 16, 1, 16) and full[2].shape == (3, 16, 2, 16)
+    x = torch.randn(5, 256)
+    assert torch.equal(cpu_w6.matmul(x, *sym, 32), cpu_w6.matmul(x, *full))
+    with pytest.raises(ValueError, match="zero point"):
+        W6Linear(sym[0], sym[1], sym[2])
 
 
 @pytest.fixture(scope="module")
@@ -102,17 +126,39 @@ def test_c_packer_holds_the_gguf_values(fixture_tensors, type_name: str) -> None
     rows = np.random.default_rng(3).permutation(n).astype(np.int32)
     layer = W6Linear.from_gguf(GgmlInt8Weight(type_name, data, n, k, rows))
     assert layer.group_size == W6_TYPES[type_name]
+    zero = {"Q6_K": 32, "Q5_0": 16}.get(type_name, 0)
+    assert layer.zero_point == zero and layer.sb.shape[2] == (1 if zero else 2)
     want = torch.from_numpy(gguf_dequantize(data, _qtype(type_name)).reshape(n, k)[rows].copy())
-    got = cpu_w6.dequantize(layer.packed, layer.high, layer.sb)
+    got = layer.dequantize()
     bound = SCALE_ROUNDING[type_name] * want.abs().max() * 2 + 1e-7 * want.abs().max()
     assert (got - want).abs().max() <= bound
     blocks = int8_blocks(type_name, data, n, k)
-    zero = {"Q6_K": 32, "Q5_0": 16}.get(type_name, 0)
     scales = blocks.scales.half().float()
-    offsets = (-zero * scales if blocks.offsets is None else blocks.offsets.half().float())
-    ref = cpu_w6.pack((blocks.codes.int() + zero)[rows], scales[rows], offsets[rows])
+    offsets = None if zero else blocks.offsets.half().float()  # type: ignore[union-attr]
+    ref = cpu_w6.pack((blocks.codes.int() + zero)[rows], scales[rows],
+                      None if offsets is None else offsets[rows], zero_point=zero)
     assert torch.equal(layer.packed, ref[0]) and torch.equal(layer.high, ref[1])
     assert torch.equal(layer.sb.view(torch.int16), ref[2].view(torch.int16))
+
+
+@needs_kernels
+def test_q4_0_keeps_its_scales_alone(fixture_tensors) -> None:
+    """A Q4_0 matrix in the quads layout with symmetric groups: the `gguf` package's values
+    exactly, and the same products as the 4-bit layer with its offsets stored."""
+    from localpaged.quant.ggml_int4 import GgmlInt4Weight
+    from localpaged.quant.linear import QuantLinear
+
+    n, k = SHAPE
+    data = fixture_tensors["Q4_0"]
+    w = GgmlInt4Weight.from_blocks("Q4_0", data, n, k)
+    layer = W6Linear.from_q4_0(w)
+    assert layer.high is None and layer.zero_point == 8 and layer.sb.shape[2] == 1
+    want = torch.from_numpy(gguf_dequantize(data, _qtype("Q4_0")).reshape(n, k).copy())
+    assert torch.equal(layer.dequantize(), want)
+    four = QuantLinear.from_int4(w, None, torch.float32, "cpu")
+    x = torch.randn(3, k)
+    assert torch.equal(layer(x), cpu_w4.matmul_int8_activations(x, cpu_w4.to_quads(
+        cpu_w4.to_pairs(four.w4_packed)), four.w4_sb))
 
 
 def _qtype(name: str):
@@ -122,26 +168,34 @@ def _qtype(name: str):
 
 
 @needs_kernels
-def test_embedding_rows_and_fused_layers() -> None:
-    """W6Embedding gathers the dequantized rows; a 4-bit and a 6-bit layer fused compute
-    both outputs side by side, at the smaller group size."""
-    codes, s, o = _weight(48, 128, 16, 1)
-    six = W6Linear(*cpu_w6.pack(codes, s, o))
-    w = cpu_w6.dequantize(six.packed, six.high, six.sb)
+@pytest.mark.parametrize(("six", "zp"), KINDS, ids=["6-bit", "6-bit-sym", "4-bit-sym"])
+def test_embedding_rows(six: bool, zp: int) -> None:
+    """W6Embedding gathers the dequantized rows."""
+    layer = W6Linear(*_packed(48, 128, 16, 1, six, zp), zp)
     ids = torch.tensor([[0, 47, 9], [16, 8, 31]])
-    rows = W6Embedding(six, torch.float32)(ids)
-    assert torch.equal(rows, w[ids])
+    assert torch.equal(W6Embedding(layer, torch.float32)(ids), layer.dequantize()[ids])
     with pytest.raises(IndexError):
-        W6Embedding(six, torch.float32)(torch.tensor([48]))
+        W6Embedding(layer, torch.float32)(torch.tensor([48]))
 
+
+@needs_kernels
+def test_fused_layers() -> None:
+    """Fused layers compute their parts' outputs side by side, at the smaller group size:
+    4-bit (offsets stored) with 6-bit symmetric writes the zero point's offsets out; two
+    symmetric parts of one zero point stay symmetric, without top bits if neither has any."""
+    six = W6Linear(*_packed(48, 128, 16, 1, True, 32), 32)
     four = _four_bit_layer(32, 128)
     fused = W6Linear.concat([four, six])
-    assert fused.group_size == 16 and fused.out_features == 80
+    assert fused.group_size == 16 and fused.out_features == 80 and fused.zero_point == 0
     w4 = cpu_w4.dequantize(four.w4_packed, four.w4_sb)
-    assert torch.equal(cpu_w6.dequantize(fused.packed, fused.high, fused.sb), torch.cat([w4, w]))
+    assert torch.equal(fused.dequantize(), torch.cat([w4, six.dequantize()]))
     x = torch.randn(3, 128)
-    assert torch.equal(fused(x), torch.cat([four(x), six(x)], dim=1)) or torch.allclose(
-        fused(x), _int8_reference(x, torch.cat([w4, w]), 16).float(), rtol=0, atol=1e-4)
+    want = _int8_reference(x, fused.dequantize(), 16)
+    assert (fused(x).double() - want).abs().max() <= 2**-18 * want.abs().max()
+    a, b = (W6Linear(*_packed(32, 128, 32, seed, False, 8), 8) for seed in (2, 3))
+    both = W6Linear.concat([a, b])
+    assert both.zero_point == 8 and both.high is None and both.sb.shape[2] == 1
+    assert torch.equal(both(x), torch.cat([a(x), b(x)], dim=1))
 
 
 def _four_bit_layer(n: int, k: int):

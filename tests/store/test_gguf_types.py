@@ -56,8 +56,14 @@ def test_mixed_file_loads_and_runs_in_both_dtypes(tmp_path: Path) -> None:
     load_model(path, dtype="float32")
     packed, _ = load_model(path, dtype="bfloat16")
     layer = packed.model.layers[0]
+    from localpaged.quant import w6_linear
+
     assert isinstance(layer.self_attn.q_proj, QuantLinear)  # Q4_1: 4-bit
-    assert isinstance(layer.mlp.up_proj, QuantLinear)  # Q4_0: 4-bit
+    sym = w6_linear.cpu_w6.available() and w6_linear.cpu_w4.quads_wanted(torch.bfloat16)
+    up = layer.mlp.up_proj  # Q4_0: 4-bit, with symmetric groups where the quads layout serves
+    assert isinstance(up, w6_linear.W6Linear if sym else QuantLinear)
+    if sym:
+        assert up.high is None and up.zero_point == 8
     want = dict(open_gguf(path).weights())[P + "mlp.down_proj.weight"]
     from localpaged.quant import cpu_w4, cpu_w6
     from localpaged.quant.q8_linear import Q8Linear
@@ -190,17 +196,21 @@ def test_type_id_unknown_to_the_gguf_package_is_refused(tmp_path: Path) -> None:
 def test_a_4bit_token_embedding_stays_4bit(tmp_path: Path, dtype: torch.dtype, tie: bool) -> None:
     """A Q4_0 token embedding is held once in its bits on the own CPU kernel (and is the
     output layer when tied): its rows are the file's values, and the logits those of the
-    same file loaded with torch's ops only (the embedding then dense)."""
+    same file loaded with torch's ops only (the embedding then dense). Where the layers take
+    the quads layout it keeps symmetric groups (`W6Embedding`), else it is a 4-bit layer's."""
     from localpaged.model.loader import load_model
-    from localpaged.quant import cpu_w4
+    from localpaged.quant import cpu_w4, w6_linear
     from localpaged.quant.linear import QuantEmbedding
+    from localpaged.quant.q8_linear import TileEmbedding
 
     if not cpu_w4.available():
         pytest.skip("the CPU kernels do not build here")
     path = write_tiny_gguf(tmp_path / "q4.gguf", "Q4_0", tie=tie)
     model, _ = load_model(path, dtype=dtype)
     emb = model.model.embed_tokens
-    assert isinstance(emb, QuantEmbedding)
+    sym = w6_linear.cpu_w6.available() and cpu_w4.quads_wanted(dtype)
+    assert isinstance(emb, w6_linear.W6Embedding if sym else QuantEmbedding)
+    assert isinstance(emb, (QuantEmbedding, TileEmbedding))
     assert (model.lm_head is emb.table) == tie
     want = dict(open_gguf(path).weights())["model.embed_tokens.weight"]
     ids = torch.tensor([[0, 5, 17, 5], [31, 2, 16, 40]])
@@ -208,7 +218,7 @@ def test_a_4bit_token_embedding_stays_4bit(tmp_path: Path, dtype: torch.dtype, t
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("LOCALPAGED_CPU_KERNELS", "off")
         dense, _ = load_model(path, dtype=torch.float32)
-    assert not isinstance(dense.model.embed_tokens, QuantEmbedding)
+    assert not isinstance(dense.model.embed_tokens, (QuantEmbedding, TileEmbedding))
     hidden = emb(ids[0])
     got = model.compute_logits(hidden.to(dtype)).float()
     ref = dense.compute_logits(hidden.float())

@@ -23,6 +23,8 @@ struct w4_layer {
     int block8;
     int quads; /* `packed` in the quads layout (int8_dot.c, float32 models only) */
     const uint8_t *high; /* the 6-bit layout's top bits (int8_dot.c; quads), or NULL */
+    int zero_point;      /* > 0: symmetric groups, sb holds scales only (int8_dot.c) */
+    int w6;              /* through w6_gemm (top bits and / or a zero point) */
 };
 
 struct decode_layer {
@@ -59,17 +61,17 @@ static int q8_linear_bf16(const struct w4_layer *w, const uint16_t *x, uint16_t 
 
 static int w4q_linear_f32(const struct w4_layer *w, const float *x, float *y, int rows,
                           int threads) {
-    if (w->high != NULL)
-        return w6_gemm_f32(x, w->packed, w->high, w->sb, y, rows, w->k, w->n, w->group_size,
-                           threads, 0);
+    if (w->w6)
+        return w6_gemm_f32(x, w->packed, w->high, w->sb, w->zero_point, y, rows, w->k, w->n,
+                           w->group_size, threads, 0);
     return w4q_gemm_f32(x, w->packed, w->sb, y, rows, w->k, w->n, w->group_size, threads, 0);
 }
 
 static int w4q_linear_bf16(const struct w4_layer *w, const uint16_t *x, uint16_t *y, int rows,
                            int threads) {
-    if (w->high != NULL)
-        return w6_gemm_bf16(x, w->packed, w->high, w->sb, y, rows, w->k, w->n, w->group_size,
-                            threads);
+    if (w->w6)
+        return w6_gemm_bf16(x, w->packed, w->high, w->sb, w->zero_point, y, rows, w->k, w->n,
+                            w->group_size, threads);
     return w4q_gemm_bf16(x, w->packed, w->sb, y, rows, w->k, w->n, w->group_size, threads);
 }
 

@@ -19,7 +19,9 @@
  * bits in `high` uint8 [N/16][K/8][32]: byte 4j + i of pair p (chunks 2p and 2p + 1) holds
  * the top bits of q[8p+i][16t+j] (bits 0-1), q[8p+i][16t+8+j] (2-3), q[8p+4+i][16t+j] (4-5)
  * and q[8p+4+i][16t+8+j] (6-7); two shifts and an AND put them above each chunk's nibbles.
- * Group sizes a multiple of 8. The products of two codes of up to 63 with activations of up
+ * Group sizes a multiple of 8. Symmetric groups (zero point zp > 0: Q4_0's 8, Q5_0's 16,
+ * Q6_K's 32) keep only the scales, sb float16 [N/16][K/gs][16], the offset being -zp * scale
+ * (exact in float32: zp is a power of two), for either code width. The products of two codes of up to 63 with activations of up
  * to 127 fill an int16 lane to 32004: `vpmaddubsw` sums are widened every 2 chunks.
  * 8-bit blocks (GGUF Q8_0, and the other GGUF types whose codes fit in int8: Q5_0/1, Q6_K,
  * IQ4_NL ...): codes int8 [N/16][K/2][2][16] (as w8_gemm), per block of `bs` values of K a
@@ -134,15 +136,15 @@ static inline int w6_top(const uint8_t *hp, int c, int i, int j) {
 }
 
 static void w4q_i8_tile_plain(const uint8_t *wp, const uint8_t *hp, const uint16_t *sbp,
-                              const int8_t *xq, const float *dx, const float *xs, float *acc,
-                              int rows, int k, int gs) {
+                              int zp, const int8_t *xq, const float *dx, const float *xs,
+                              float *acc, int rows, int k, int gs) {
     const int groups = k / gs, chunks = gs / 4;
     for (int m = 0; m < rows; m++)
         for (int j = 0; j < I8_TILE; j++) acc[m * I8_TILE + j] = 0.f;
     for (int g = 0; g < groups; g++) {
         const uint8_t *gp = wp + (size_t)g * chunks * 2 * I8_TILE;
         const uint8_t *hg = hp != NULL ? hp + (size_t)g * chunks * I8_TILE : NULL;
-        const uint16_t *sp = sbp + (size_t)g * 2 * I8_TILE;
+        const uint16_t *sp = sbp + (size_t)g * (zp ? 1 : 2) * I8_TILE;
         for (int m = 0; m < rows; m++) {
             const int8_t *xm = xq + (size_t)m * k + (size_t)g * gs;
             const float d = dx[(size_t)m * groups + g], sx = xs[(size_t)m * groups + g];
@@ -154,8 +156,8 @@ static void w4q_i8_tile_plain(const uint8_t *wp, const uint8_t *hp, const uint16
                         const int top = w6_top(hg, c, i, j);
                         dot += ((j < 8 ? v & 15 : v >> 4) | top) * xm[4 * c + i];
                     }
-                acc[m * I8_TILE + j] += f16_to_f32(sp[j]) * (d * (float)dot) +
-                                        f16_to_f32(sp[I8_TILE + j]) * sx;
+                const float o = zp ? -(float)zp * f16_to_f32(sp[j]) : f16_to_f32(sp[I8_TILE + j]);
+                acc[m * I8_TILE + j] += f16_to_f32(sp[j]) * (d * (float)dot) + o * sx;
             }
         }
     }
@@ -251,8 +253,8 @@ static inline __attribute__((always_inline)) void w4_i8_tile_n(
 
 /* w4q_i8_tile_plain with AVX2, `rows` (1..I8_ROWS) a constant after inlining. */
 static inline __attribute__((always_inline)) void w4q_i8_tile_n(
-    const uint8_t *wp, const uint8_t *hp, const uint16_t *sbp, const int8_t *xq, const float *dx,
-    const float *xs, float *acc, int rows, int k, int gs, int six) {
+    const uint8_t *wp, const uint8_t *hp, const uint16_t *sbp, int zp, const int8_t *xq,
+    const float *dx, const float *xs, float *acc, int rows, int k, int gs, int six) {
     const int groups = k / gs, chunks = gs / 4;
     const int run = six ? 2 : 8; /* chunks per int16 sum (see the top) */
     const __m256i low = _mm256_set1_epi8(0x0f), tops = _mm256_set1_epi8(0x30);
@@ -308,9 +310,11 @@ static inline __attribute__((always_inline)) void w4q_i8_tile_n(
             }
 #endif
         }
-        const uint16_t *sp = sbp + (size_t)g * 2 * I8_TILE;
+        const uint16_t *sp = sbp + (size_t)g * (zp ? 1 : 2) * I8_TILE;
         const __m256 s0 = load_f16x8(sp), s1 = load_f16x8(sp + 8);
-        const __m256 b0 = load_f16x8(sp + I8_TILE), b1 = load_f16x8(sp + I8_TILE + 8);
+        const __m256 nz = _mm256_set1_ps(-(float)zp);
+        const __m256 b0 = zp ? _mm256_mul_ps(nz, s0) : load_f16x8(sp + I8_TILE);
+        const __m256 b1 = zp ? _mm256_mul_ps(nz, s1) : load_f16x8(sp + I8_TILE + 8);
 #pragma GCC unroll 4
         for (int m = 0; m < I8_ROWS; m++) {
             if (m >= rows) continue;
@@ -329,14 +333,16 @@ static inline __attribute__((always_inline)) void w4q_i8_tile_n(
 }
 
 #ifdef I8_AVX512
-/* Group g of a 16-column tile done: its float16 scales s and offsets o applied to each row's
- * integer sums, out[m] += s * (dx * dot[m]) + o * xs (both 512-bit 4-bit tiles). */
+/* Group g of a 16-column tile done: its float16 scales s and offsets o (-zp * s for a zero
+ * point zp > 0) applied to each row's integer sums, out[m] += s * (dx * dot[m]) + o * xs (both
+ * 512-bit 4-bit tiles). */
 static inline __attribute__((always_inline)) void w4_i8_group512(
-    const uint16_t *sbp, int g, const __m512i *dot, const float *dx, const float *xs,
+    const uint16_t *sbp, int zp, int g, const __m512i *dot, const float *dx, const float *xs,
     int groups, int rows, __m512 *out) {
-    const uint16_t *sp = sbp + (size_t)g * 2 * I8_TILE;
+    const uint16_t *sp = sbp + (size_t)g * (zp ? 1 : 2) * I8_TILE;
     const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)sp));
-    const __m512 o = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sp + I8_TILE)));
+    const __m512 o = zp ? _mm512_mul_ps(_mm512_set1_ps(-(float)zp), s)
+                        : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sp + I8_TILE)));
 #pragma GCC unroll 4
     for (int m = 0; m < I8_ROWS; m++) {
         if (m >= rows) continue;
@@ -353,8 +359,8 @@ static inline __attribute__((always_inline)) void w4_i8_group512(
  * sums, widened once per 8 chunks) per chunk. The same integers and the same float32
  * operations per column as the 256-bit tile. */
 static inline __attribute__((always_inline)) void w4q_i8_tile512_n(
-    const uint8_t *wp, const uint8_t *hp, const uint16_t *sbp, const int8_t *xq, const float *dx,
-    const float *xs, float *acc, int rows, int k, int gs, int six) {
+    const uint8_t *wp, const uint8_t *hp, const uint16_t *sbp, int zp, const int8_t *xq,
+    const float *dx, const float *xs, float *acc, int rows, int k, int gs, int six) {
     const int groups = k / gs, chunks = gs / 4;
     const __m512i low = _mm512_set1_epi8(0x0f), tops = _mm512_set1_epi8(0x30);
     const __m512i shift = _mm512_set_epi64(4, 4, 4, 4, 0, 0, 0, 0);
@@ -448,7 +454,7 @@ static inline __attribute__((always_inline)) void w4q_i8_tile512_n(
             }
         }
 #endif
-        w4_i8_group512(sbp, g, dot, dx, xs, groups, rows, out);
+        w4_i8_group512(sbp, zp, g, dot, dx, xs, groups, rows, out);
     }
     for (int m = 0; m < rows; m++) _mm512_storeu_ps(acc + m * I8_TILE, out[m]);
 }
@@ -511,7 +517,7 @@ static inline __attribute__((always_inline)) void w4_i8_tile512_n(
 #pragma GCC unroll 4
         for (int m = 0; m < I8_ROWS; m++)
             if (m < rows) dot[m] = _mm512_add_epi32(even[m], odd[m]);
-        w4_i8_group512(sbp, g, dot, dx, xs, groups, rows, out);
+        w4_i8_group512(sbp, 0, g, dot, dx, xs, groups, rows, out);
     }
     for (int m = 0; m < rows; m++) _mm512_storeu_ps(acc + m * I8_TILE, out[m]);
 }
@@ -654,7 +660,7 @@ static void w4_i8_tile(const uint8_t *wp, const uint16_t *sbp, const int8_t *xq,
 }
 
 /* `hp`: the 6-bit layout's top bits (NULL: 4-bit codes). */
-static void w4q_i8_tile(const uint8_t *wp, const uint8_t *hp, const uint16_t *sbp,
+static void w4q_i8_tile(const uint8_t *wp, const uint8_t *hp, const uint16_t *sbp, int zp,
                         const int8_t *xq, const float *dx, const float *xs, float *acc, int rows,
                         int k, int gs) {
 #ifdef I8_AVX512
@@ -663,8 +669,8 @@ static void w4q_i8_tile(const uint8_t *wp, const uint8_t *hp, const uint16_t *sb
 #define I8_QUADS w4q_i8_tile_n
 #endif
     switch (rows + 4 * (hp != NULL)) {
-#define I8_CASE(r) case r: I8_QUADS(wp, hp, sbp, xq, dx, xs, acc, r, k, gs, 0); break; \
-                   case r + 4: I8_QUADS(wp, hp, sbp, xq, dx, xs, acc, r, k, gs, 1); break;
+#define I8_CASE(r) case r: I8_QUADS(wp, hp, sbp, zp, xq, dx, xs, acc, r, k, gs, 0); break; \
+                   case r + 4: I8_QUADS(wp, hp, sbp, zp, xq, dx, xs, acc, r, k, gs, 1); break;
         I8_CASE(1) I8_CASE(2) I8_CASE(3) I8_CASE(4)
 #undef I8_CASE
     }
@@ -871,8 +877,8 @@ static inline void store_tile_row(void *y, int y_bf16, size_t at, const float *a
  * quant_gemm.c (or the quads layout, `quads`), through int8 activations per group; `plain`
  * forces the plain-C loops. Returns 0, or -1 when scratch memory cannot be had. */
 static int w4_gemm_i8(const void *x, const uint8_t *packed, const uint8_t *high,
-                      const uint16_t *sb, void *y, int y_bf16, int m_rows, int k, int n, int gs,
-                      int threads, int plain, int quads) {
+                      const uint16_t *sb, int zp, void *y, int y_bf16, int m_rows, int k, int n,
+                      int gs, int threads, int plain, int quads) {
     const int groups = k / gs, tiles = n / I8_TILE;
     (void)plain; /* builds without the vector loops have only the plain ones */
     int8_t *xq = malloc((size_t)m_rows * k + 64);
@@ -901,7 +907,7 @@ static int w4_gemm_i8(const void *x, const uint8_t *packed, const uint8_t *high,
     for (int t = 0; t < tiles; t++) {
         const uint8_t *wp = packed + (size_t)t * (k / 2) * I8_TILE;
         const uint8_t *hp = high != NULL ? high + (size_t)t * (k / 4) * I8_TILE : NULL;
-        const uint16_t *sbp = sb + (size_t)t * groups * 2 * I8_TILE;
+        const uint16_t *sbp = sb + (size_t)t * groups * (zp ? 1 : 2) * I8_TILE;
         float acc[I8_ROWS * I8_TILE];
         for (int m0 = 0; m0 < m_rows; m0 += I8_ROWS) {
             const int rows = m_rows - m0 < I8_ROWS ? m_rows - m0 : I8_ROWS;
@@ -914,7 +920,7 @@ static int w4_gemm_i8(const void *x, const uint8_t *packed, const uint8_t *high,
 #endif
 #ifdef I8_AVX2
             if (!plain && quads)
-                w4q_i8_tile(wp, hp, sbp, xm, dm, sm, acc, rows, k, gs);
+                w4q_i8_tile(wp, hp, sbp, zp, xm, dm, sm, acc, rows, k, gs);
             else
 #endif
 #if defined(I8_AVX2) || defined(I8_NEON)
@@ -923,7 +929,7 @@ static int w4_gemm_i8(const void *x, const uint8_t *packed, const uint8_t *high,
             else
 #endif
             if (quads)
-                w4q_i8_tile_plain(wp, hp, sbp, xm, dm, sm, acc, rows, k, gs);
+                w4q_i8_tile_plain(wp, hp, sbp, zp, xm, dm, sm, acc, rows, k, gs);
             else
                 w4_i8_tile_plain(wp, sbp, xm, dm, sm, acc, rows, k, gs);
             for (int m = 0; m < rows; m++)
@@ -1038,29 +1044,32 @@ int q8_gemm_bf16(const uint16_t *x, const int8_t *codes, const float *scales,
  * `plain` picks the plain-C loops over the vector ones. */
 int w4_i8_gemm_f32(const float *x, const uint8_t *packed, const uint16_t *sb, float *y,
                    int m_rows, int k, int n, int gs, int threads, int plain) {
-    return w4_gemm_i8(x, packed, NULL, sb, y, 0, m_rows, k, n, gs, threads, plain, 0);
+    return w4_gemm_i8(x, packed, NULL, sb, 0, y, 0, m_rows, k, n, gs, threads, plain, 0);
 }
 
 /* The same for the quads layout (K % 4 == 0, group size % 4 == 0), on every build (the
  * plain-C loops where the build has no vector ones). */
 int w4q_gemm_f32(const float *x, const uint8_t *packed, const uint16_t *sb, float *y,
                  int m_rows, int k, int n, int gs, int threads, int plain) {
-    return w4_gemm_i8(x, packed, NULL, sb, y, 0, m_rows, k, n, gs, threads, plain, 1);
+    return w4_gemm_i8(x, packed, NULL, sb, 0, y, 0, m_rows, k, n, gs, threads, plain, 1);
 }
 
-/* The 6-bit layout (see the top: the quads layout's nibbles, `high` their top bits; K % 8 ==
- * 0, group size % 8 == 0) for float32 x and y, on every build (`plain`: the plain-C loops). */
+/* The quads layout with the 6-bit layout's top bits (`high`; NULL: 4-bit codes) and
+ * symmetric groups (zero point `zp` > 0: scales only; 0: scales and offsets), see the top;
+ * K % 8 == 0 and group size % 8 == 0 (% 4 without `high`), for float32 x and y, on every build
+ * (`plain`: the plain-C loops). */
 int w6_gemm_f32(const float *x, const uint8_t *packed, const uint8_t *high, const uint16_t *sb,
-                float *y, int m_rows, int k, int n, int gs, int threads, int plain) {
-    if (k % 8 || gs % 8) return -2;
-    return w4_gemm_i8(x, packed, high, sb, y, 0, m_rows, k, n, gs, threads, plain, 1);
+                int zp, float *y, int m_rows, int k, int n, int gs, int threads, int plain) {
+    if (high != NULL ? k % 8 || gs % 8 : k % 4 || gs % 4) return -2;
+    return w4_gemm_i8(x, packed, high, sb, zp, y, 0, m_rows, k, n, gs, threads, plain, 1);
 }
 
 /* The same for bf16 x and y (the rows read as they are, the products rounded to bf16). */
 int w6_gemm_bf16(const uint16_t *x, const uint8_t *packed, const uint8_t *high,
-                 const uint16_t *sb, uint16_t *y, int m_rows, int k, int n, int gs, int threads) {
-    if (k % 8 || gs % 8) return -2;
-    return w4_gemm_i8(x, packed, high, sb, y, 1, m_rows, k, n, gs, threads, 0, 1);
+                 const uint16_t *sb, int zp, uint16_t *y, int m_rows, int k, int n, int gs,
+                 int threads) {
+    if (high != NULL ? k % 8 || gs % 8 : k % 4 || gs % 4) return -2;
+    return w4_gemm_i8(x, packed, high, sb, zp, y, 1, m_rows, k, n, gs, threads, 0, 1);
 }
 
 /* The pairs layout of `tiles` tiles of K rows rewritten in the quads layout, in parallel

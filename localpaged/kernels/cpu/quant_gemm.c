@@ -402,7 +402,7 @@ int w4_bf16_via_int8(void) {
 int w4q_gemm_bf16(const uint16_t *x, const uint8_t *packed, const uint16_t *sb, uint16_t *y,
                   int m_rows, int k, int n, int gs, int threads) {
 #if defined(W4_AVX512BF16) && defined(I8_AVX512)
-    if (w4_bf16_via_int8()) return w4_gemm_i8(x, packed, NULL, sb, y, 1, m_rows, k, n, gs, threads, 0, 1);
+    if (w4_bf16_via_int8()) return w4_gemm_i8(x, packed, NULL, sb, 0, y, 1, m_rows, k, n, gs, threads, 0, 1);
 #endif
     (void)x, (void)packed, (void)sb, (void)y, (void)m_rows, (void)k, (void)n, (void)gs, (void)threads;
     return -2;
@@ -416,7 +416,7 @@ int w4_gemm_bf16(const uint16_t *x, const uint8_t *packed, const uint16_t *sb, u
     /* int8 activations: every M without AMX (VDPBF16PS measured slower than `vpdpbusd` at
      * every M), up to I8_BF16_MAX_ROWS rows with it */
     if ((w4_bf16_via_int8() || m_rows <= I8_BF16_MAX_ROWS) && gs % 8 == 0)
-        return w4_gemm_i8(x, packed, NULL, sb, y, 1, m_rows, k, n, gs, threads, 0, 0);
+        return w4_gemm_i8(x, packed, NULL, sb, 0, y, 1, m_rows, k, n, gs, threads, 0, 0);
 #endif
 #ifdef W4_AMX
     if (m_rows >= AMX_MIN_ROWS && k % 32 == 0 && amx_allowed())
@@ -455,7 +455,7 @@ int w4_gemm_bf16(const uint16_t *x, const uint8_t *packed, const uint16_t *sb, u
 int w4_gemm_f32(const float *x, const uint8_t *packed, const uint16_t *sb, float *y,
                 int m_rows, int k, int n, int gs, int threads) {
 #if defined(I8_AVX2) || defined(I8_NEON) || defined(LOCALPAGED_I8_PLAIN)
-    return w4_gemm_i8(x, packed, NULL, sb, y, 0, m_rows, k, n, gs, threads, 0, 0);
+    return w4_gemm_i8(x, packed, NULL, sb, 0, y, 0, m_rows, k, n, gs, threads, 0, 0);
 #else
     return w4_gemm_rows_f32(x, packed, sb, y, 0, m_rows, k, n, gs, threads);
 #endif
