@@ -9,7 +9,9 @@ bits a plane beside it, and a float16 scale and offset per group, as 4-bit weigh
     sb     float16 [N/16, K/gs, 2, 16]   scale, offset per group: W = q * scale + offset
            or [N/16, K/gs, 1, 16]          scales of symmetric groups (a zero point zp:
                                            Q4_0's 8, Q5_0's 16, Q6_K's 32): W = (q - zp) * scale
-    (`high` is None for 4-bit codes: the quads layout with symmetric groups, for Q4_0.)
+           or [N/16, K/256, 160]           super-block scales (zero point KQ, Q4_K's own):
+                                           see `pack_kq`
+    (`high` is None for 4-bit codes: the quads layout, for Q4_0 and Q4_K.)
 
 The products go through int8 activations (as llama.cpp's do) on every x86 build
 (`available`); elsewhere these types stay int8 blocks.
@@ -80,22 +82,61 @@ def codes_of(packed: torch.Tensor, high: torch.Tensor | None) -> torch.Tensor:
     return low.permute(0, 3, 1, 2).reshape(tiles * TILE, chunks * 4)
 
 
-def group_size(packed: torch.Tensor, sb: torch.Tensor) -> int:
+KQ = -1  # the zero point that marks super-block scales (GGUF Q4_K's own form, see pack_kq)
+KQ_RECORD = 160  # uint16 per tile and 256 values of K: d [16], dmin [16], sc [8][16], m [8][16] (u8)
+
+
+def group_size(packed: torch.Tensor, sb: torch.Tensor, zero_point: int = 0) -> int:
     """The layer's group size."""
-    return packed.shape[1] * 4 // sb.shape[1]
+    return 32 if zero_point == KQ else packed.shape[1] * 4 // sb.shape[1]
+
+
+def pack_kq(codes: torch.Tensor, d: torch.Tensor, dmin: torch.Tensor, sc: torch.Tensor,
+            mins: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(`packed`, `sb`) with super-block scales from codes 0..15 `[N, K]`, float16-valued `d`
+    and `dmin` `[N, K/256]` and 6-bit `sc` and `mins` `[N, K/32]`: W = d * sc * q - dmin * m
+    per group of 32 (the C packer's form of Q4_K; the tests' reference for it)."""
+    n, k = codes.shape
+    packed, _, _ = pack(codes, torch.ones(n, k // 32), None, zero_point=1, top_bits=False)
+    t, supers = n // TILE, k // 256
+
+    def per_tile(v: torch.Tensor, per: int) -> torch.Tensor:  # [N, S*per] -> [T, S, per, 16]
+        return v.reshape(t, TILE, supers, per).permute(0, 2, 3, 1)
+
+    halves = torch.stack((d, dmin), dim=2).half().view(torch.uint8).reshape(n, supers, 4)
+    head = per_tile(halves.reshape(n, -1), 4)  # [T, S, 4 bytes, 16]: d lo/hi, dmin lo/hi
+    head = head.reshape(t, supers, 2, 2, TILE).permute(0, 1, 2, 4, 3).reshape(t, supers, 64)
+    codes8 = torch.cat((per_tile(sc.to(torch.uint8), 8), per_tile(mins.to(torch.uint8), 8)),
+                       dim=2).reshape(t, supers, 256)
+    record = torch.cat((head, codes8), dim=2).contiguous()  # [T, S, 320 bytes]
+    return packed, record.view(torch.int16)
+
+
+def tile_scales(sb: torch.Tensor, zero_point: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 (scales, offsets) `[tiles, K/gs, 16]` of `sb` (tiles of a layer, or some)."""
+    if zero_point == KQ:
+        t, supers, _ = sb.shape
+        rec = sb.contiguous().view(torch.uint8).reshape(t, supers, 2 * KQ_RECORD)
+        halves = rec[:, :, :64].contiguous().view(torch.float16).float().reshape(t, supers, 2, 1, TILE)
+        codes = rec[:, :, 64:].float().reshape(t, supers, 2, 8, TILE)
+        s = (halves[:, :, 0] * codes[:, :, 0]).reshape(t, supers * 8, TILE)
+        o = -(halves[:, :, 1] * codes[:, :, 1]).reshape(t, supers * 8, TILE)
+        return s, o
+    parts = sb.float().unbind(dim=2)
+    return parts[0], (-zero_point * parts[0] if zero_point else parts[1])
 
 
 def scales_offsets(sb: torch.Tensor, zero_point: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-group float32 (scales, offsets) `[N, K/gs]` of `sb`."""
     n = sb.shape[0] * TILE
-    parts = [v.permute(0, 2, 1).reshape(n, -1) for v in sb.float().unbind(dim=2)]
-    return parts[0], (-zero_point * parts[0] if zero_point else parts[1])
+    s, o = tile_scales(sb, zero_point)
+    return s.permute(0, 2, 1).reshape(n, -1), o.permute(0, 2, 1).reshape(n, -1)
 
 
 def dequantize(packed: torch.Tensor, high: torch.Tensor | None, sb: torch.Tensor,
                zero_point: int = 0) -> torch.Tensor:
     """The weight `[N, K]` in float32."""
-    gs = group_size(packed, sb)
+    gs = group_size(packed, sb, zero_point)
     s, o = (v.repeat_interleave(gs, dim=1) for v in scales_offsets(sb, zero_point))
     return codes_of(packed, high).float() * s + o
 
@@ -115,7 +156,7 @@ def matmul(x: torch.Tensor, packed: torch.Tensor, high: torch.Tensor | None, sb:
     n = packed.shape[0] * TILE
     y = torch.empty(m, n, dtype=xc.dtype)
     args = (xc.data_ptr(), packed.data_ptr(), None if high is None else high.data_ptr(),
-            sb.data_ptr(), zero_point, y.data_ptr(), m, k, n, group_size(packed, sb),
+            sb.data_ptr(), zero_point, y.data_ptr(), m, k, n, group_size(packed, sb, zero_point),
             torch.get_num_threads())
     rc = (lib.w6_gemm_bf16(*args) if bf16 else lib.w6_gemm_f32(*args, int(plain))) if m else 0
     if rc:

@@ -162,8 +162,8 @@ def install_int4(model: nn.Module, name: str, weight: Any, tied: bool = False) -
         from localpaged.quant import cpu_w4, w6_linear
 
         if (isinstance(linear, nn.Embedding) and param.device.type == "cpu"
-                and w6_linear.q4_0_wanted(weight, param.dtype)):
-            six = w6_linear.W6Linear.from_q4_0(weight)
+                and w6_linear.four_bit_wanted(weight, param.dtype)):
+            six = w6_linear.from_four_bit(weight)
             model.model.embed_tokens = w6_linear.W6Embedding(six, param.dtype)
             if tied:
                 model.lm_head = six
@@ -186,8 +186,8 @@ def install_int4(model: nn.Module, name: str, weight: Any, tied: bool = False) -
     from localpaged.quant import w6_linear
 
     layer: nn.Module
-    if linear.weight.device.type == "cpu" and w6_linear.q4_0_wanted(weight, linear.weight.dtype):
-        layer = w6_linear.W6Linear.from_q4_0(weight)  # symmetric groups: the file's 4.5 bits
+    if linear.weight.device.type == "cpu" and w6_linear.four_bit_wanted(weight, linear.weight.dtype):
+        layer = w6_linear.from_four_bit(weight)  # Q4_0 / Q4_K in (nearly) the file's bits
     else:
         layer = QuantLinear.from_int4(weight, None, linear.weight.dtype, linear.weight.device)
     if linear.bias is not None:

@@ -27,14 +27,21 @@ def wanted(type_name: str, shape: tuple[int, int]) -> bool:
     return gs is not None and cpu_w6.fits(*shape, gs) and cpu_w6.available()
 
 
-def q4_0_wanted(w: object, dtype: torch.dtype) -> bool:
-    """Whether a GGUF 4-bit matrix (`GgmlInt4Weight`) is Q4_0 for a layer computing in `dtype`
-    that takes the quads layout anyway: then it keeps symmetric groups (4.5 bits a weight,
-    the file's, where the 4-bit layer's stored offsets make 5)."""
+def four_bit_wanted(w: object, dtype: torch.dtype) -> bool:
+    """Whether a GGUF 4-bit matrix (`GgmlInt4Weight`) is Q4_0 or Q4_K for a layer computing
+    in `dtype` that takes the quads layout anyway: then Q4_0 keeps symmetric groups (4.5 bits
+    a weight, the file's) and Q4_K its super-block scales (4.625), where the 4-bit layer's
+    float16 scale and offset per group make 5."""
     from localpaged.quant.ggml_int4 import GgmlInt4Weight
 
-    return (isinstance(w, GgmlInt4Weight) and w.type_name == "Q4_0" and cpu_w6.available()
-            and cpu_w4.quads_wanted(dtype))
+    return (isinstance(w, GgmlInt4Weight) and w.type_name in ("Q4_0", "Q4_K")
+            and w.in_features % (256 if w.type_name == "Q4_K" else 32) == 0
+            and cpu_w6.available() and cpu_w4.quads_wanted(dtype))
+
+
+def from_four_bit(w: object) -> W6Linear:
+    """The layer for a matrix `four_bit_wanted` takes."""
+    return W6Linear.from_q4_0(w) if w.type_name == "Q4_0" else W6Linear.from_q4_k(w)  # type: ignore[attr-defined]
 
 
 class W6Linear(nn.Module):
@@ -44,7 +51,10 @@ class W6Linear(nn.Module):
     def __init__(self, packed: torch.Tensor, high: torch.Tensor | None, sb: torch.Tensor,
                  zero_point: int = 0) -> None:
         super().__init__()
-        if (sb.shape[2] == 1) != (zero_point > 0):
+        if zero_point == cpu_w6.KQ:
+            if sb.dim() != 3 or sb.shape[2] != cpu_w6.KQ_RECORD or high is not None:
+                raise ValueError("super-block scales are records of 160 per 256 values, 4-bit")
+        elif (sb.shape[2] == 1) != (zero_point > 0):
             raise ValueError("scales alone need a zero point, scales and offsets none")
         self.register_buffer("packed", packed)
         self.register_buffer("high", high)
@@ -53,7 +63,7 @@ class W6Linear(nn.Module):
         self.bias: torch.Tensor | None = None
         self.out_features = packed.shape[0] * cpu_w4.TILE
         self.in_features = packed.shape[1] * 4
-        self.group_size = cpu_w6.group_size(packed, sb)
+        self.group_size = cpu_w6.group_size(packed, sb, zero_point)
 
     @classmethod
     def from_gguf(cls, w: GgmlInt8Weight) -> W6Linear:
@@ -75,6 +85,19 @@ class W6Linear(nn.Module):
         offsets are -8 * d)."""
         packed, sb = w.cpu_w4_pack(quads=True)  # type: ignore[attr-defined]
         return cls(packed, None, sb[:, :, :1].contiguous(), ZERO_POINTS["Q4_0"])
+
+    @classmethod
+    def from_q4_k(cls, w: object) -> W6Linear:
+        """A GGUF Q4_K matrix (`GgmlInt4Weight`) in the quads layout with its super-block
+        scales, packed in C from the file's blocks."""
+        type_name, data, rows = w._blocks  # type: ignore[attr-defined]
+        n, k = w.out_features, w.in_features  # type: ignore[attr-defined]
+        t = n // cpu_w4.TILE
+        packed = torch.empty(t, k // 4, 2 * cpu_w4.TILE, dtype=torch.uint8)
+        sb = torch.empty(t, k // 256, cpu_w6.KQ_RECORD, dtype=torch.int16)
+        cpu_w4.gguf_pack("gguf_q4k_pack_kq", type_name, data, rows, n, k, packed.data_ptr(),
+                         sb.data_ptr())
+        return cls(packed, None, sb, cpu_w6.KQ)
 
     @classmethod
     def from_quant_linear(cls, layer: nn.Module) -> W6Linear:
@@ -119,9 +142,11 @@ class W6Linear(nn.Module):
         zp = points.pop() if len(points) == 1 else 0
 
         def sb_of(p: W6Linear) -> torch.Tensor:
+            if zp == cpu_w6.KQ:
+                return p.sb
             sb = p.sb
-            if p.zero_point and not zp:  # the offsets written out
-                sb = torch.cat((sb, (sb.float() * -p.zero_point).half()), dim=2)
+            if p.zero_point and not zp:  # the scales and offsets written out, in float16
+                sb = torch.stack(cpu_w6.tile_scales(p.sb, p.zero_point), dim=2).half()
             return sb.repeat_interleave(p.group_size // gs, dim=1)
 
         def high_of(p: W6Linear) -> torch.Tensor:
@@ -167,8 +192,6 @@ class W6Embedding(TileEmbedding):
                        byte[:, None, :]]  # [n, K/8, 4]
             shifts = (2 * half[..., None] + torch.tensor([0, 4]).view(1, 1, 2, 1)).to(torch.uint8)
             q = q | (((h[:, :, None, :] >> shifts) & 3).reshape(n, -1) << 4)  # [n, K/8, 2, 4]
-        sb = t.sb[tile, :, :, col].float()  # [n, G, 1 or 2]
-        s = sb[..., 0]
-        o = -t.zero_point * s if t.zero_point else sb[..., 1]
+        s, o = (v[torch.arange(n), :, col] for v in cpu_w6.tile_scales(t.sb[tile], t.zero_point))
         return q.float() * s.repeat_interleave(t.group_size, dim=1) + o.repeat_interleave(
             t.group_size, dim=1)

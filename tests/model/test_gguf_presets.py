@@ -225,12 +225,20 @@ def test_q4_k_m_keeps_q4_k_in_4_bits(smollm_gguf: Path, cache_dir: Path) -> None
     types = {t.name: t.tensor_type.name for t in gguf.reader.tensors}
     summary = gguf.load_summary(torch.bfloat16)
     assert "Q4_K x" in summary and "kept 4-bit (group 32)" in summary and "-> bfloat16" in summary
+    from localpaged.quant import cpu_w4, cpu_w6
+    from localpaged.quant.w6_linear import W6Linear
+
     model, _ = load_model(path)
+    # Q4_K keeps its super-block scales where the layers take the quads layout
+    own = cpu_w6.available() and cpu_w4.quads_wanted(model.dtype)
     kept = 0
     for i, layer in enumerate(model.model.layers):
         for part, module in (("attn_q", layer.self_attn.q_proj), ("attn_v", layer.self_attn.v_proj),
                              ("ffn_up", layer.mlp.up_proj), ("ffn_down", layer.mlp.down_proj)):
             kind = types[f"blk.{i}.{part}.weight"]
-            assert isinstance(module, QuantLinear) == (kind in ("Q4_0", "Q4_1", "Q4_K")), (i, kind)
+            if kind == "Q4_K" and own:
+                assert isinstance(module, W6Linear) and module.zero_point == cpu_w6.KQ, (i, kind)
+            else:
+                assert isinstance(module, QuantLinear) == (kind in ("Q4_0", "Q4_1", "Q4_K")), (i, kind)
             kept += kind == "Q4_K"
     assert kept >= 8  # llama.cpp made SmolLM2's ffn_down (rows of 1536) Q4_K in most layers

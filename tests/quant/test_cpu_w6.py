@@ -208,3 +208,88 @@ def _four_bit_layer(n: int, k: int):
     zeros = torch.full((k // 32, n), 8.0)
     w = from_codes(codes, scales, zeros, 32)
     return QuantLinear.from_int4(w, None, torch.float32, "cpu")
+
+
+def _kq_fields(data: np.ndarray, n: int, k: int):
+    """Q4_K's own numbers, read with numpy (ggml_types): codes [N, K], d and dmin [N, K/256],
+    6-bit scales and mins [N, K/32]."""
+    from localpaged.quant import ggml_types as gt
+
+    b = gt.blocks_of("Q4_K", data, n * k)
+    sc, mins = gt.k4_scales_mins(b[:, 4:16])
+    codes = gt.k4_codes(b[:, 16:144]).reshape(n, k)
+    return (torch.from_numpy(codes.astype(np.uint8)),
+            torch.from_numpy(gt.f16_field(b, 0).reshape(n, -1)),
+            torch.from_numpy(gt.f16_field(b, 2).reshape(n, -1)),
+            torch.from_numpy(sc.reshape(n, -1).astype(np.int32)),
+            torch.from_numpy(mins.reshape(n, -1).astype(np.int32)))
+
+
+@needs_kernels
+def test_q4_k_keeps_its_super_block_scales(fixture_tensors) -> None:
+    """A Q4_K matrix packed in C (rows permuted) with its super-block scales: the `gguf`
+    package's values exactly (d * sc is exact in float32), the torch packer's bytes from the
+    numpy reading of the blocks, and products closer to the exact ones than the 4-bit layer's
+    (whose float16 scales and offsets per group round d * sc and dmin * m)."""
+    from localpaged.quant.ggml_int4 import GgmlInt4Weight
+    from localpaged.quant.linear import QuantLinear
+
+    n, k = SHAPE
+    data = fixture_tensors["Q4_K"]
+    rows = np.random.default_rng(4).permutation(n).astype(np.int32)
+    w = GgmlInt4Weight.from_blocks("Q4_K", data, n, k, rows)
+    layer = W6Linear.from_q4_k(w)
+    assert layer.zero_point == cpu_w6.KQ and layer.group_size == 32 and layer.high is None
+    assert layer.sb.shape == (n // 16, k // 256, cpu_w6.KQ_RECORD)
+    want = torch.from_numpy(gguf_dequantize(data, _qtype("Q4_K")).reshape(n, k)[rows].copy())
+    assert torch.equal(layer.dequantize(), want)
+    codes, d, dmin, sc, mins = (v[rows] for v in _kq_fields(data, n, k))
+    packed, sb = cpu_w6.pack_kq(codes, d, dmin, sc, mins)
+    assert torch.equal(layer.packed, packed) and torch.equal(layer.sb, sb)
+    x = torch.randn(4, k)
+    exact = _int8_reference(x, want, 32)
+    assert (layer(x).double() - exact).abs().max() <= 2**-18 * exact.abs().max()
+    # the 4-bit layer, float16 scales and offsets per group, is off by its rounding
+    four = QuantLinear.from_int4(w, None, torch.float32, "cpu")
+    old = cpu_w4.matmul_int8_activations(x, cpu_w4.to_quads(cpu_w4.to_pairs(four.w4_packed)),
+                                         four.w4_sb)
+    assert (old.double() - exact).abs().max() > (layer(x).double() - exact).abs().max()
+
+
+@needs_kernels
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 9])
+@pytest.mark.parametrize(("n", "k"), [(32, 256), (576, 1536)])
+def test_super_block_loops_equal_the_int8_reference(cpu_variant: str, rows: int, n: int,
+                                                    k: int) -> None:
+    """Super-block scales through each build's vector loops and plain-C loops, float32 and
+    bf16, against the float64 product of the weight and the int8-rounded activations; the
+    embedding gathers its rows and two such layers fuse keeping them."""
+    g = torch.Generator().manual_seed(rows)
+    codes = torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8)
+    codes[:, : k // 2] = 15
+    d = (torch.rand(n, k // 256, generator=g) * 1e-3).half().float()
+    dmin = (torch.rand(n, k // 256, generator=g) * 1e-3).half().float()
+    sc, mins = (torch.randint(0, 64, (n, k // 32), generator=g) for _ in range(2))
+    layer = W6Linear(*cpu_w6.pack_kq(codes, d, dmin, sc, mins)[:1], None,
+                     cpu_w6.pack_kq(codes, d, dmin, sc, mins)[1], cpu_w6.KQ)
+    w = layer.dequantize()
+    s = (d.repeat_interleave(8, 1) * sc).repeat_interleave(32, 1)
+    o = (dmin.repeat_interleave(8, 1) * mins).repeat_interleave(32, 1)
+    assert torch.equal(w, codes.float() * s - o)
+    x = torch.randn(rows, k, generator=g)
+    x[0, : k // 2] = x[0, : k // 2].abs() * 10
+    exact = _int8_reference(x, w, 32)
+    for plain in (False, True):
+        got = cpu_w6.matmul(x, layer.packed, None, layer.sb, cpu_w6.KQ, plain=plain)
+        assert (got.double() - exact).abs().max() <= 2**-18 * exact.abs().max()
+    xb = x.bfloat16()
+    assert torch.equal(layer(xb), layer(xb.float()).bfloat16())
+    ids = torch.tensor([0, n - 1, 17 % n, 9])
+    assert torch.equal(W6Embedding(layer, torch.float32)(ids), w[ids])
+    both = W6Linear.concat([layer, layer])
+    assert both.zero_point == cpu_w6.KQ and torch.equal(both(x), torch.cat([layer(x)] * 2, 1))
+    six = W6Linear(*_packed(n, k, 16, 1, True, 32), 32)
+    mixed = W6Linear.concat([layer, six])  # written out: float16 scales and offsets per group
+    assert mixed.zero_point == 0 and mixed.group_size == 16
+    want = torch.cat([w, six.dequantize()])
+    assert (mixed.dequantize() - want).abs().max() <= 2**-10 * want.abs().max()

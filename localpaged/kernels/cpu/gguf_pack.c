@@ -276,3 +276,44 @@ int gguf_w6_pack(const uint8_t *blocks, int type, const int32_t *rows, int n, in
     }
     return 0;
 }
+
+/* GGUF Q4_K (type 12) straight into the quads layout with super-block scales (int8_dot.c's
+ * I8_KQ form: per 256 values and column d and dmin as in the file, per group of 32 its 6-bit
+ * scale and min): 4.625 bits a weight where float16 scales and offsets per group take 5, and
+ * d * sc exact. `kq` [N/16][K/256][320 bytes]. Returns 0, or -1 for another type or shapes off
+ * the layout. */
+int gguf_q4k_pack_kq(const uint8_t *blocks, int type, const int32_t *rows, int n, int k,
+                     uint8_t *packed, uint8_t *kq, int threads) {
+    if (type != 12 || n % GP_TILE || k % 256) return -1;
+    const int supers = k / 256;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int t = 0; t < n / GP_TILE; t++) {
+        uint8_t *pt = packed + (size_t)t * (k / 2) * GP_TILE;
+        for (int sup = 0; sup < supers; sup++) {
+            uint8_t *rec = kq + ((size_t)t * supers + sup) * 320;
+            uint8_t q[GP_TILE][256];
+            for (int j = 0; j < GP_TILE; j++) {
+                const uint8_t *b = blocks + ((size_t)rows[t * GP_TILE + j] * supers + sup) * 144;
+                memcpy(rec + 2 * j, b, 2);      /* d */
+                memcpy(rec + 32 + 2 * j, b + 2, 2); /* dmin */
+                const uint8_t *sc = b + 4;
+                for (int g = 0; g < 8; g++) {
+                    rec[64 + g * GP_TILE + j] =
+                        (uint8_t)(g < 4 ? sc[g] & 63 : (sc[g + 4] & 0xF) | (sc[g - 4] >> 6) << 4);
+                    rec[192 + g * GP_TILE + j] =
+                        (uint8_t)(g < 4 ? sc[g + 4] & 63 : (sc[g + 4] >> 4) | (sc[g] >> 6) << 4);
+                    const uint8_t *qs = b + 16 + 32 * (g / 2);
+                    for (int v = 0; v < GP_BLOCK; v++)
+                        q[j][g * GP_BLOCK + v] = g % 2 ? qs[v] >> 4 : qs[v] & 15;
+                }
+            }
+            uint8_t *pc = pt + (size_t)sup * 64 * 2 * GP_TILE; /* 64 chunks of 4 values */
+            for (int c = 0; c < 64; c++)
+                for (int jj = 0; jj < 8; jj++)
+                    for (int i = 0; i < 4; i++)
+                        pc[c * 2 * GP_TILE + 4 * jj + i] =
+                            (uint8_t)(q[jj][4 * c + i] | q[jj + 8][4 * c + i] << 4);
+        }
+    }
+    return 0;
+}

@@ -21,7 +21,11 @@
  * and q[8p+4+i][16t+8+j] (6-7); two shifts and an AND put them above each chunk's nibbles.
  * Group sizes a multiple of 8. Symmetric groups (zero point zp > 0: Q4_0's 8, Q5_0's 16,
  * Q6_K's 32) keep only the scales, sb float16 [N/16][K/gs][16], the offset being -zp * scale
- * (exact in float32: zp is a power of two), for either code width. The products of two codes of up to 63 with activations of up
+ * (exact in float32: zp is a power of two), for either code width. Super-block scales
+ * (zp == I8_KQ, GGUF Q4_K's own form, groups of 32): per 256 values of K and column a float16
+ * d and dmin and per group a 6-bit scale sc and min m, [N/16][K/256] records of 320 bytes
+ * (d [16], dmin [16] float16, sc [8][16], m [8][16] uint8): scale d * sc, offset -(dmin * m),
+ * both exact in float32 (11 by 6 bits). The products of two codes of up to 63 with activations of up
  * to 127 fill an int16 lane to 32004: `vpmaddubsw` sums are widened every 2 chunks.
  * 8-bit blocks (GGUF Q8_0, and the other GGUF types whose codes fit in int8: Q5_0/1, Q6_K,
  * IQ4_NL ...): codes int8 [N/16][K/2][2][16] (as w8_gemm), per block of `bs` values of K a
@@ -68,6 +72,8 @@
 #endif
 
 #define I8_TILE 16
+#define I8_KQ (-1)          /* zp of super-block scales (see the top) */
+#define I8_KQ_RECORD 160    /* uint16 per super-block record of a tile (320 bytes) */
 #define I8_ROWS 4 /* rows of x per pass over a weight tile */
 
 /* Row m of x [rows][k] quantized per block of `bs` (k % bs == 0): xq [rows][k], and per
@@ -127,6 +133,26 @@ static void w4_i8_tile_plain(const uint8_t *wp, const uint16_t *sbp, const int8_
 }
 
 /* w4_i8_tile_plain for the quads layout: the same integers, the same float32 sums. */
+/* The uint16 entries of a tile's sb per group (zp > 0: scales; 0: scales and offsets), or
+ * per super-block (I8_KQ). */
+static inline size_t sb_stride(int zp) {
+    return zp == I8_KQ ? I8_KQ_RECORD : (size_t)(zp ? 1 : 2) * I8_TILE;
+}
+
+/* The scale and offset of column j of group g of a tile's `sbp` (the forms at the top). */
+static inline void group_scale(const uint16_t *sbp, int zp, int g, int j, float *s, float *o) {
+    if (zp == I8_KQ) {
+        const uint16_t *rec = sbp + (size_t)(g / 8) * I8_KQ_RECORD;
+        const uint8_t *codes = (const uint8_t *)(rec + 2 * I8_TILE) + (g % 8) * I8_TILE;
+        *s = f16_to_f32(rec[j]) * (float)codes[j];
+        *o = -(f16_to_f32(rec[I8_TILE + j]) * (float)codes[8 * I8_TILE + j]);
+        return;
+    }
+    const uint16_t *sp = sbp + (size_t)g * sb_stride(zp);
+    *s = f16_to_f32(sp[j]);
+    *o = zp ? -(float)zp * *s : f16_to_f32(sp[I8_TILE + j]);
+}
+
 /* The top two bits of code (4c + i, column j) of a tile's 6-bit `high` plane, shifted to
  * bits 4-5 (0 without one). */
 static inline int w6_top(const uint8_t *hp, int c, int i, int j) {
@@ -144,7 +170,6 @@ static void w4q_i8_tile_plain(const uint8_t *wp, const uint8_t *hp, const uint16
     for (int g = 0; g < groups; g++) {
         const uint8_t *gp = wp + (size_t)g * chunks * 2 * I8_TILE;
         const uint8_t *hg = hp != NULL ? hp + (size_t)g * chunks * I8_TILE : NULL;
-        const uint16_t *sp = sbp + (size_t)g * (zp ? 1 : 2) * I8_TILE;
         for (int m = 0; m < rows; m++) {
             const int8_t *xm = xq + (size_t)m * k + (size_t)g * gs;
             const float d = dx[(size_t)m * groups + g], sx = xs[(size_t)m * groups + g];
@@ -156,8 +181,9 @@ static void w4q_i8_tile_plain(const uint8_t *wp, const uint8_t *hp, const uint16
                         const int top = w6_top(hg, c, i, j);
                         dot += ((j < 8 ? v & 15 : v >> 4) | top) * xm[4 * c + i];
                     }
-                const float o = zp ? -(float)zp * f16_to_f32(sp[j]) : f16_to_f32(sp[I8_TILE + j]);
-                acc[m * I8_TILE + j] += f16_to_f32(sp[j]) * (d * (float)dot) + o * sx;
+                float sc, o;
+                group_scale(sbp, zp, g, j, &sc, &o);
+                acc[m * I8_TILE + j] += sc * (d * (float)dot) + o * sx;
             }
         }
     }
@@ -310,11 +336,26 @@ static inline __attribute__((always_inline)) void w4q_i8_tile_n(
             }
 #endif
         }
-        const uint16_t *sp = sbp + (size_t)g * (zp ? 1 : 2) * I8_TILE;
-        const __m256 s0 = load_f16x8(sp), s1 = load_f16x8(sp + 8);
-        const __m256 nz = _mm256_set1_ps(-(float)zp);
-        const __m256 b0 = zp ? _mm256_mul_ps(nz, s0) : load_f16x8(sp + I8_TILE);
-        const __m256 b1 = zp ? _mm256_mul_ps(nz, s1) : load_f16x8(sp + I8_TILE + 8);
+        __m256 s0, s1, b0, b1;
+        if (zp == I8_KQ) { /* d * sc and -(dmin * m) */
+            const uint16_t *rec = sbp + (size_t)(g / 8) * I8_KQ_RECORD;
+            const uint8_t *sc = (const uint8_t *)(rec + 2 * I8_TILE) + (g % 8) * I8_TILE;
+            const uint8_t *mn = sc + 8 * I8_TILE;
+            const __m256 neg = _mm256_set1_ps(-0.f);
+#define I8_U8X8(p) _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p))))
+            s0 = _mm256_mul_ps(load_f16x8(rec), I8_U8X8(sc));
+            s1 = _mm256_mul_ps(load_f16x8(rec + 8), I8_U8X8(sc + 8));
+            b0 = _mm256_xor_ps(_mm256_mul_ps(load_f16x8(rec + I8_TILE), I8_U8X8(mn)), neg);
+            b1 = _mm256_xor_ps(_mm256_mul_ps(load_f16x8(rec + I8_TILE + 8), I8_U8X8(mn + 8)), neg);
+#undef I8_U8X8
+        } else {
+            const uint16_t *sp = sbp + (size_t)g * sb_stride(zp);
+            const __m256 nz = _mm256_set1_ps(-(float)zp);
+            s0 = load_f16x8(sp);
+            s1 = load_f16x8(sp + 8);
+            b0 = zp ? _mm256_mul_ps(nz, s0) : load_f16x8(sp + I8_TILE);
+            b1 = zp ? _mm256_mul_ps(nz, s1) : load_f16x8(sp + I8_TILE + 8);
+        }
 #pragma GCC unroll 4
         for (int m = 0; m < I8_ROWS; m++) {
             if (m >= rows) continue;
@@ -339,10 +380,22 @@ static inline __attribute__((always_inline)) void w4q_i8_tile_n(
 static inline __attribute__((always_inline)) void w4_i8_group512(
     const uint16_t *sbp, int zp, int g, const __m512i *dot, const float *dx, const float *xs,
     int groups, int rows, __m512 *out) {
-    const uint16_t *sp = sbp + (size_t)g * (zp ? 1 : 2) * I8_TILE;
-    const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)sp));
-    const __m512 o = zp ? _mm512_mul_ps(_mm512_set1_ps(-(float)zp), s)
-                        : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sp + I8_TILE)));
+    __m512 s, o;
+    if (zp == I8_KQ) { /* d * sc and -(dmin * m) */
+        const uint16_t *rec = sbp + (size_t)(g / 8) * I8_KQ_RECORD;
+        const uint8_t *sc = (const uint8_t *)(rec + 2 * I8_TILE) + (g % 8) * I8_TILE;
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)rec));
+        const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rec + I8_TILE)));
+        s = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)sc))));
+        o = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+            _mm_loadu_si128((const __m128i *)(sc + 8 * I8_TILE)))));
+        o = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(o), _mm512_set1_epi32(INT32_MIN)));
+    } else {
+        const uint16_t *sp = sbp + (size_t)g * sb_stride(zp);
+        s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)sp));
+        o = zp ? _mm512_mul_ps(_mm512_set1_ps(-(float)zp), s)
+               : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sp + I8_TILE)));
+    }
 #pragma GCC unroll 4
     for (int m = 0; m < I8_ROWS; m++) {
         if (m >= rows) continue;
@@ -907,7 +960,8 @@ static int w4_gemm_i8(const void *x, const uint8_t *packed, const uint8_t *high,
     for (int t = 0; t < tiles; t++) {
         const uint8_t *wp = packed + (size_t)t * (k / 2) * I8_TILE;
         const uint8_t *hp = high != NULL ? high + (size_t)t * (k / 4) * I8_TILE : NULL;
-        const uint16_t *sbp = sb + (size_t)t * groups * (zp ? 1 : 2) * I8_TILE;
+        const uint16_t *sbp = sb + (size_t)t * (zp == I8_KQ ? (size_t)k / 256 : (size_t)groups) *
+                                       sb_stride(zp);
         float acc[I8_ROWS * I8_TILE];
         for (int m0 = 0; m0 < m_rows; m0 += I8_ROWS) {
             const int rows = m_rows - m0 < I8_ROWS ? m_rows - m0 : I8_ROWS;
@@ -1055,12 +1109,14 @@ int w4q_gemm_f32(const float *x, const uint8_t *packed, const uint16_t *sb, floa
 }
 
 /* The quads layout with the 6-bit layout's top bits (`high`; NULL: 4-bit codes) and
- * symmetric groups (zero point `zp` > 0: scales only; 0: scales and offsets), see the top;
+ * symmetric groups (zero point `zp` > 0: scales only; 0: scales and offsets; I8_KQ:
+ * super-block scales), see the top;
  * K % 8 == 0 and group size % 8 == 0 (% 4 without `high`), for float32 x and y, on every build
  * (`plain`: the plain-C loops). */
 int w6_gemm_f32(const float *x, const uint8_t *packed, const uint8_t *high, const uint16_t *sb,
                 int zp, float *y, int m_rows, int k, int n, int gs, int threads, int plain) {
     if (high != NULL ? k % 8 || gs % 8 : k % 4 || gs % 4) return -2;
+    if (zp == I8_KQ && (gs != 32 || k % 256)) return -2;
     return w4_gemm_i8(x, packed, high, sb, zp, y, 0, m_rows, k, n, gs, threads, plain, 1);
 }
 
@@ -1069,6 +1125,7 @@ int w6_gemm_bf16(const uint16_t *x, const uint8_t *packed, const uint8_t *high,
                  const uint16_t *sb, int zp, uint16_t *y, int m_rows, int k, int n, int gs,
                  int threads) {
     if (high != NULL ? k % 8 || gs % 8 : k % 4 || gs % 4) return -2;
+    if (zp == I8_KQ && (gs != 32 || k % 256)) return -2;
     return w4_gemm_i8(x, packed, high, sb, zp, y, 1, m_rows, k, n, gs, threads, 0, 1);
 }
 
