@@ -373,7 +373,9 @@ class GGUFFile:
             if len(t.shape) != 2 or (kind, target) in (("F32", "float32"), ("BF16", "bfloat16")):
                 continue
             shape = tuple(int(d) for d in reversed(t.shape.tolist()))
-            if kind in types and t.name != "token_embd.weight":
+            # a 4-bit token embedding stays 4-bit where the CPU kernels are (`int8` says so)
+            # and its rows fill their tiles
+            if kind in types and (t.name != "token_embd.weight" or (int8 and shape[0] % 16 == 0)):
                 counts = four_bit
             elif int8 and w6_linear.wanted(kind, shape):  # type: ignore[arg-type]
                 counts = six_bit

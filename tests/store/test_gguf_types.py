@@ -212,6 +212,12 @@ def test_a_4bit_token_embedding_stays_4bit(tmp_path: Path, dtype: torch.dtype, t
     assert isinstance(emb, w6_linear.W6Embedding if sym else QuantEmbedding)
     assert isinstance(emb, (QuantEmbedding, TileEmbedding))
     assert (model.lm_head is emb.table) == tie
+    from localpaged.model.loader import gguf_int8, gguf_kept_types
+
+    cpu = torch.device("cpu")
+    summary = open_gguf(path).load_summary(dtype, gguf_kept_types(dtype, cpu), gguf_int8(dtype, cpu))
+    if gguf_int8(dtype, cpu):  # the load line counts the embedding among the 4-bit matrices
+        assert summary.startswith("weights: Q4_0 x") and "->" not in summary, summary
     want = dict(open_gguf(path).weights())["model.embed_tokens.weight"]
     ids = torch.tensor([[0, 5, 17, 5], [31, 2, 16, 40]])
     assert torch.equal(emb(ids).float(), want[ids].to(dtype).float())
