@@ -1,8 +1,10 @@
-"""GGUF 5- and 6-bit matrices (Q6_K, Q5_0, Q5_1, Q5_K) kept in their codes on the CPU's
-6-bit layout (`cpu_w6`): 8 bits a weight for Q6_K (its scale per 16 values) and 7 for the
-others, where int8 blocks take 10 and 9, so a decode step, which reads every weight once,
-reads less. A fused layer whose parts are 6-bit and 4-bit (a Q4_K_M file's q/k/v, with v in
-Q6_K) is one 6-bit layer: the 4-bit layout's nibbles are this one's, with top bits 0.
+"""GGUF matrices kept in (nearly) their file's bits on the CPU's quads layout (`cpu_w6`), so
+a decode step, which reads every weight once, reads less: Q6_K, Q5_0, Q5_1 and Q5_K in their
+6-bit codes (7 bits a weight for Q6_K, Q5_1 and Q5_K, 6.5 for Q5_0, where int8 blocks take
+9-10), Q4_0 with its scales alone (4.5) and Q4_K with its super-block scales (4.625), where
+the 4-bit layer's float16 scale and offset per group take 5. A fused layer whose parts are
+6-bit and 4-bit (a Q4_K_M file's q/k/v, with v in Q6_K) is one 6-bit layer: the 4-bit
+layout's nibbles are this one's, with top bits 0.
 
 A tied token embedding (Q6_K in most K-quant files) is both the input table and the output
 layer: `W6Embedding` gathers rows from the layer's own bytes.
@@ -71,13 +73,14 @@ class W6Linear(nn.Module):
         type keeps its scales alone)."""
         n, k = w.shape
         t = n // cpu_w4.TILE
+        zp = ZERO_POINTS.get(w.type_name, 0)
         packed = torch.empty(t, k // 4, 2 * cpu_w4.TILE, dtype=torch.uint8)
         high = torch.empty(t, k // 8, 2 * cpu_w4.TILE, dtype=torch.uint8)
-        sb = torch.empty(t, k // W6_TYPES[w.type_name], 2, cpu_w4.TILE, dtype=torch.float16)
+        sb = torch.empty(t, k // W6_TYPES[w.type_name], 1 if zp else 2, cpu_w4.TILE,
+                         dtype=torch.float16)
         cpu_w4.gguf_pack("gguf_w6_pack", w.type_name, w.data, w.rows, n, k, packed.data_ptr(),
-                         high.data_ptr(), sb.data_ptr())
-        zp = ZERO_POINTS.get(w.type_name, 0)
-        return cls(packed, high, sb[:, :, :1].contiguous() if zp else sb, zp)
+                         high.data_ptr(), sb.data_ptr(), int(zp > 0))
+        return cls(packed, high, sb, zp)
 
     @classmethod
     def from_q4_0(cls, w: object) -> W6Linear:

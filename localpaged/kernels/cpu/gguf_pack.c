@@ -31,6 +31,28 @@ static void gp_affine(float scale, float offset, uint8_t q[GP_BLOCK], float *s, 
     *o = -zero * scale;
 }
 
+/* The 6-bit scale and min of group `sub` (0..7) of a Q4_K / Q5_K super-block from its 12
+ * bytes `sc`: groups 0..3 take the low 6 bits of bytes 0..3 (scales) and 4..7 (mins), groups
+ * 4..7 a nibble of bytes 8..11 and the top 2 bits of bytes 0..3 / 4..7. */
+static void gp_k_scale_min(const uint8_t *sc, int sub, int *scale, int *min) {
+    *scale = sub < 4 ? sc[sub] & 63 : (sc[sub + 4] & 0xF) | (sc[sub - 4] >> 6) << 4;
+    *min = sub < 4 ? sc[sub + 4] & 63 : (sc[sub + 4] >> 4) | (sc[sub] >> 6) << 4;
+}
+
+/* Codes 0..15 of 16 columns (`q`, `stride` values a column) written as `chunks` chunks of the
+ * quads layout at `dst`: byte 4jj + i of chunk c holds value 4c + i of column jj in its low
+ * nibble and of column jj + 8 in its high one (the low nibbles of codes up to 63, for the
+ * 6-bit layout). */
+static void gp_quads(const uint8_t *q, int stride, int chunks, uint8_t *dst) {
+    for (int c = 0; c < chunks; c++)
+        for (int jj = 0; jj < 8; jj++)
+            for (int i = 0; i < 4; i++) {
+                const int v = 4 * c + i;
+                dst[c * 2 * GP_TILE + 4 * jj + i] =
+                    (uint8_t)((q[jj * stride + v] & 15) | (q[(jj + 8) * stride + v] & 15) << 4);
+            }
+}
+
 /* Group `sub` (0..7) of a Q4_K super-block `b` (144 bytes: f16 d, f16 dmin, 12 bytes of
  * 6-bit scales and mins, 128 bytes of codes: 32-byte run c holds group 2c in its low nibbles,
  * 2c + 1 in its high ones): codes, and scale d * sc and offset -(dmin * m) through gp_affine
@@ -41,9 +63,9 @@ static void gp_q4k(const uint8_t *b, int sub, uint8_t q[GP_BLOCK], float *s, flo
     const float d = f16_to_f32(h);
     memcpy(&h, b + 2, 2);
     const float dmin = f16_to_f32(h);
-    const uint8_t *sc = b + 4, *qs = b + 16 + 32 * (sub / 2);
-    const int scale = sub < 4 ? sc[sub] & 63 : (sc[sub + 4] & 0xF) | (sc[sub - 4] >> 6) << 4;
-    const int min = sub < 4 ? sc[sub + 4] & 63 : (sc[sub + 4] >> 4) | (sc[sub] >> 6) << 4;
+    const uint8_t *qs = b + 16 + 32 * (sub / 2);
+    int scale, min;
+    gp_k_scale_min(b + 4, sub, &scale, &min);
     const float scl = d * (float)scale, off = -(dmin * (float)min);
     for (int v = 0; v < GP_BLOCK; v++) q[v] = sub % 2 ? qs[v] >> 4 : qs[v] & 15;
     gp_affine(scl, off, q, s, o);
@@ -91,13 +113,9 @@ int gguf_q4_pack(const uint8_t *blocks, int type, const int32_t *rows, int n, in
                 st[(size_t)g * 2 * GP_TILE + j] = f32_to_f16(s);
                 st[(size_t)g * 2 * GP_TILE + GP_TILE + j] = f32_to_f16(o);
             }
-            if (quads) { /* chunk c: byte 4jj + i = q[4c+i] of column jj | of column jj+8 << 4 */
-                uint8_t *pc = pt + (size_t)g * (GP_BLOCK / 4) * 2 * GP_TILE;
-                for (int c = 0; c < GP_BLOCK / 4; c++)
-                    for (int jj = 0; jj < 8; jj++)
-                        for (int i = 0; i < 4; i++)
-                            pc[c * 2 * GP_TILE + 4 * jj + i] =
-                                (uint8_t)(q[jj][4 * c + i] | q[jj + 8][4 * c + i] << 4);
+            if (quads) {
+                gp_quads(q[0], GP_BLOCK, GP_BLOCK / 4,
+                         pt + (size_t)g * (GP_BLOCK / 4) * 2 * GP_TILE);
             } else { /* pair p: byte j = q[2p] of column j | q[2p+1] << 4 */
                 uint8_t *pp = pt + (size_t)g * (GP_BLOCK / 2) * GP_TILE;
                 for (int p = 0; p < GP_BLOCK / 2; p++)
@@ -109,42 +127,68 @@ int gguf_q4_pack(const uint8_t *blocks, int type, const int32_t *rows, int n, in
     return 0;
 }
 
-/* GGUF Q8_0 (type 8: f16 d, 32 int8), Q5_0 (type 6: f16 d, 32 high bits, 16 bytes of low
- * nibbles; code - 16) and Q6_K (type 14: 128 bytes of low nibbles, 64 of 2-bit highs, 16 int8
- * scales, f16 d; code - 32, a scale d * sc per 16 values) matrices straight into the 8-bit
- * kernel's tiles (int8_dot.c: codes [N/16][K/2][2][16], scales float32 [N/16][K/bs][16]),
- * the numbers of localpaged/quant/ggml_int8.py (its `_q8_0`, `_q5_0`, `_q6_k`). */
-static void gp_q8_block(const uint8_t *b, int type, int8_t *q, float *s) {
-    uint16_t h;
-    if (type == 8) {
-        memcpy(&h, b, 2);
-        s[0] = f16_to_f32(h);
-        memcpy(q, b + 2, 32);
-    } else if (type == 6) {
+/* The codes (0..63, the file's own) of one block of Q5_0 (type 6: f16 d, 32 high bits, 16
+ * bytes of low nibbles; 32 values), Q5_1 (7: f16 d, f16 m, then as Q5_0), Q5_K (13: f16 d,
+ * f16 dmin, 12 bytes of 6-bit scales and mins, 32 bytes of high bits, 128 of nibbles; 256
+ * values) or Q6_K (14: 128 bytes of low nibbles, 64 of 2-bit highs, 16 int8 scales, f16 d;
+ * 256 values), value v as ggml_int8.py reads it. */
+static void gp_high_codes(const uint8_t *b, int type, uint8_t *q) {
+    if (type == 6 || type == 7) {
+        const uint8_t *hb = b + (type == 6 ? 2 : 4), *qs = hb + 4;
         uint32_t hi;
-        memcpy(&h, b, 2);
-        memcpy(&hi, b + 2, 4);
-        s[0] = f16_to_f32(h);
-        for (int v = 0; v < 32; v++) {
-            const int low = v < 16 ? b[6 + v] & 15 : b[6 + v - 16] >> 4;
-            q[v] = (int8_t)((low | (int)((hi >> v) & 1) << 4) - 16);
-        }
-    } else { /* Q6_K: 256 values, 16 scales */
-        memcpy(&h, b + 208, 2);
-        const float d = f16_to_f32(h);
-        for (int i = 0; i < 16; i++) s[i] = d * (float)(int8_t)b[192 + i];
+        memcpy(&hi, hb, 4);
+        for (int v = 0; v < 32; v++)
+            q[v] = (uint8_t)((v < 16 ? qs[v] & 15 : qs[v - 16] >> 4) | ((hi >> v) & 1) << 4);
+    } else if (type == 13) {
+        const uint8_t *qh = b + 16, *qs = b + 48;
+        for (int sub = 0; sub < 8; sub++)
+            for (int l = 0; l < 32; l++) {
+                const uint8_t nb = qs[32 * (sub / 2) + l];
+                q[32 * sub + l] = (uint8_t)((sub % 2 ? nb >> 4 : nb & 15) | ((qh[l] >> sub) & 1) << 4);
+            }
+    } else {
         for (int n = 0; n < 2; n++)
             for (int j = 0; j < 4; j++)
                 for (int l = 0; l < 32; l++) {
                     const uint8_t lb = b[64 * n + 32 * (j % 2) + l];
-                    const int low = j < 2 ? lb & 15 : lb >> 4;
-                    const int high = (b[128 + 32 * n + l] >> (2 * j)) & 3;
-                    q[128 * n + 32 * j + l] = (int8_t)((low | high << 4) - 32);
+                    const int lo = j < 2 ? lb & 15 : lb >> 4;
+                    q[128 * n + 32 * j + l] = (uint8_t)(lo | ((b[128 + 32 * n + l] >> (2 * j)) & 3) << 4);
                 }
     }
 }
 
-/* Returns 0, or -1 for another type or shapes off the tiles. */
+/* Q6_K's scale of sub-block i (of 16 values): d * sc. */
+static float gp_q6k_scale(const uint8_t *b, int i) {
+    uint16_t h;
+    memcpy(&h, b + 208, 2);
+    return f16_to_f32(h) * (float)(int8_t)b[192 + i];
+}
+
+/* GGUF Q8_0 (type 8: f16 d, 32 int8), Q5_0 (type 6: code - 16, scale d) and Q6_K (type 14:
+ * code - 32, a scale d * sc per 16 values) matrices straight into the 8-bit kernel's tiles
+ * (int8_dot.c: codes [N/16][K/2][2][16], scales float32 [N/16][K/bs][16]), the numbers of
+ * localpaged/quant/ggml_int8.py (its `_q8_0`, `_q5_0`, `_q6_k`). */
+static void gp_q8_block(const uint8_t *b, int type, int8_t *q, float *s) {
+    if (type == 8) {
+        uint16_t h;
+        memcpy(&h, b, 2);
+        s[0] = f16_to_f32(h);
+        memcpy(q, b + 2, 32);
+        return;
+    }
+    uint8_t u[256];
+    gp_high_codes(b, type, u);
+    const int values = type == 6 ? 32 : 256, zero = type == 6 ? 16 : 32;
+    for (int v = 0; v < values; v++) q[v] = (int8_t)(u[v] - zero);
+    if (type == 6) {
+        uint16_t h;
+        memcpy(&h, b, 2);
+        s[0] = f16_to_f32(h);
+    } else {
+        for (int i = 0; i < 16; i++) s[i] = gp_q6k_scale(b, i);
+    }
+}
+
 int gguf_q8_pack(const uint8_t *blocks, int type, const int32_t *rows, int n, int k,
                  int8_t *codes, float *scales, int threads) {
     const int values = type == 14 ? 256 : 32, bs = type == 14 ? 16 : 32;
@@ -174,81 +218,56 @@ int gguf_q8_pack(const uint8_t *blocks, int type, const int32_t *rows, int n, in
 }
 
 /* GGUF Q5_0 (type 6), Q5_1 (7), Q5_K (13) and Q6_K (14) matrices straight into int8_dot.c's
- * 6-bit layout: unsigned codes 0..63 (the file's own), the low nibbles in the quads layout
- * `packed` [N/16][K/4][32], the top two bits in `high` [N/16][K/8][32], and a float16 scale
- * and offset per group in `sb` [N/16][K/gs][2][16], gs = 16 for Q6_K (its sub-blocks) and
- * 32 for the others:
- *   Q5_0 (22 bytes: f16 d, 32 high bits, 16 bytes of nibbles): s = d, b = -16 * d;
- *   Q5_1 (24 bytes: f16 d, f16 m, 32 high bits, nibbles):     s = d, b = m;
- *   Q5_K (176 bytes: f16 d, f16 dmin, 12 bytes of 6-bit scales and mins, 32 bytes of high
- *         bits, 128 of nibbles): per group of 32, s = d * sc, b = -(dmin * m);
- *   Q6_K (210 bytes): per group of 16, s = d * sc, b = -32 * s (s rounded to float16 first,
- *         so that W = s * (q - 32) holds for the kept s).
- * Codes of value v of a block as in gp_q8_block (Q5_0, Q6_K) and ggml_int8.py. */
+ * 6-bit layout: codes 0..63 (gp_high_codes), the low nibbles in the quads layout `packed`
+ * [N/16][K/4][32], the top two bits in `high` [N/16][K/8][32], and per group a float16 scale
+ * and offset in `sb` [N/16][K/gs][2][16] (`scales_only`: the scales alone, [N/16][K/gs][16],
+ * for the symmetric Q5_0 and Q6_K, whose offsets are -16 * s and -32 * s), gs = 16 for Q6_K
+ * (its sub-blocks) and 32 for the others:
+ *   Q5_0: s = d, b = -16 * d;                Q5_1: s = d, b = m;
+ *   Q5_K: per group of 32, s = d * sc, b = -(dmin * m);
+ *   Q6_K: per group of 16, s = d * sc, b = -32 * s (s rounded to float16 first, so that
+ *         W = s * (q - 32) holds for the kept s).
+ * Returns the groups of the block (1, 8 or 16). */
 static int gp_w6_codes(const uint8_t *b, int type, uint8_t *q, float *s, float *o) {
-    uint16_t h;
-    memcpy(&h, b, 2);
-    const float d = f16_to_f32(h);
-    if (type == 6 || type == 7) { /* 32 values, one group */
-        const uint8_t *hb = b + (type == 6 ? 2 : 4), *qs = hb + 4;
-        uint32_t hi;
-        memcpy(&hi, hb, 4);
-        for (int v = 0; v < 32; v++)
-            q[v] = (uint8_t)((v < 16 ? qs[v] & 15 : qs[v - 16] >> 4) | ((hi >> v) & 1) << 4);
-        s[0] = d;
-        if (type == 6) {
-            o[0] = -16.f * d;
-        } else {
-            memcpy(&h, b + 2, 2);
-            o[0] = f16_to_f32(h);
+    gp_high_codes(b, type, q);
+    if (type == 14) {
+        for (int i = 0; i < 16; i++) {
+            s[i] = f16_to_f32(f32_to_f16(gp_q6k_scale(b, i)));
+            o[i] = -32.f * s[i];
         }
+        return 16;
+    }
+    uint16_t h, h2;
+    memcpy(&h, b, 2);
+    memcpy(&h2, b + 2, 2); /* Q5_1's m, Q5_K's dmin */
+    const float d = f16_to_f32(h);
+    if (type == 6 || type == 7) {
+        s[0] = d;
+        o[0] = type == 6 ? -16.f * d : f16_to_f32(h2);
         return 1;
     }
-    if (type == 13) { /* 256 values, 8 groups of 32 */
-        memcpy(&h, b + 2, 2);
-        const float dmin = f16_to_f32(h);
-        const uint8_t *sc = b + 4, *qh = b + 16, *qs = b + 48;
-        for (int sub = 0; sub < 8; sub++) {
-            const int scale = sub < 4 ? sc[sub] & 63 : (sc[sub + 4] & 0xF) | (sc[sub - 4] >> 6) << 4;
-            const int min = sub < 4 ? sc[sub + 4] & 63 : (sc[sub + 4] >> 4) | (sc[sub] >> 6) << 4;
-            s[sub] = d * (float)scale;
-            o[sub] = -(dmin * (float)min);
-            for (int l = 0; l < 32; l++) {
-                const uint8_t nb = qs[32 * (sub / 2) + l];
-                q[32 * sub + l] = (uint8_t)((sub % 2 ? nb >> 4 : nb & 15) | ((qh[l] >> sub) & 1) << 4);
-            }
-        }
-        return 8;
+    for (int sub = 0; sub < 8; sub++) { /* Q5_K */
+        int scale, min;
+        gp_k_scale_min(b + 4, sub, &scale, &min);
+        s[sub] = d * (float)scale;
+        o[sub] = -(f16_to_f32(h2) * (float)min);
     }
-    /* Q6_K: 256 values, 16 groups of 16 */
-    memcpy(&h, b + 208, 2);
-    const float dk = f16_to_f32(h);
-    for (int i = 0; i < 16; i++) {
-        s[i] = f16_to_f32(f32_to_f16(dk * (float)(int8_t)b[192 + i]));
-        o[i] = -32.f * s[i];
-    }
-    for (int n = 0; n < 2; n++)
-        for (int j = 0; j < 4; j++)
-            for (int l = 0; l < 32; l++) {
-                const uint8_t lb = b[64 * n + 32 * (j % 2) + l];
-                const int lo = j < 2 ? lb & 15 : lb >> 4;
-                q[128 * n + 32 * j + l] = (uint8_t)(lo | ((b[128 + 32 * n + l] >> (2 * j)) & 3) << 4);
-            }
-    return 16;
+    return 8;
 }
 
 /* Returns 0, or -1 for another type or shapes off the layout. */
 int gguf_w6_pack(const uint8_t *blocks, int type, const int32_t *rows, int n, int k,
-                 uint8_t *packed, uint8_t *high, uint16_t *sb, int threads) {
+                 uint8_t *packed, uint8_t *high, uint16_t *sb, int scales_only, int threads) {
     const int values = type == 13 || type == 14 ? 256 : 32;
     const int bytes = type == 6 ? 22 : type == 7 ? 24 : type == 13 ? 176 : type == 14 ? 210 : 0;
     if (bytes == 0 || n % GP_TILE || k % values) return -1;
     const int gs = type == 14 ? 16 : 32, groups = k / gs, per_row = k / values;
+    const int entries = scales_only ? 1 : 2; /* per group and column */
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int t = 0; t < n / GP_TILE; t++) {
         uint8_t *pt = packed + (size_t)t * (k / 2) * GP_TILE;
         uint8_t *ht = high + (size_t)t * (k / 4) * GP_TILE;
-        uint16_t *st = sb + (size_t)t * groups * 2 * GP_TILE;
+        uint16_t *st = sb + (size_t)t * groups * entries * GP_TILE;
         for (int blk = 0; blk < per_row; blk++) {
             uint8_t q[GP_TILE][256];
             for (int j = 0; j < GP_TILE; j++) {
@@ -256,22 +275,23 @@ int gguf_w6_pack(const uint8_t *blocks, int type, const int32_t *rows, int n, in
                 float s[16], o[16];
                 const int count = gp_w6_codes(row + (size_t)blk * bytes, type, q[j], s, o);
                 for (int i = 0; i < count; i++) {
-                    st[((size_t)blk * count + i) * 2 * GP_TILE + j] = f32_to_f16(s[i]);
-                    st[((size_t)blk * count + i) * 2 * GP_TILE + GP_TILE + j] = f32_to_f16(o[i]);
+                    uint16_t *at = st + ((size_t)blk * count + i) * entries * GP_TILE + j;
+                    at[0] = f32_to_f16(s[i]);
+                    if (!scales_only) at[GP_TILE] = f32_to_f16(o[i]);
                 }
             }
-            for (int c = 0; c < values / 4; c++) { /* chunk c of this block */
-                const size_t chunk = (size_t)blk * (values / 4) + c;
+            const size_t first = (size_t)blk * (values / 4); /* this block's first chunk */
+            gp_quads(q[0], 256, values / 4, pt + first * 2 * GP_TILE);
+            for (int c = 0; c < values / 4; c += 2) /* pair of chunks: the codes' top bits */
                 for (int jj = 0; jj < 8; jj++)
                     for (int i = 0; i < 4; i++) {
-                        const uint8_t lo = q[jj][4 * c + i], hi = q[jj + 8][4 * c + i];
-                        pt[chunk * 2 * GP_TILE + 4 * jj + i] = (uint8_t)((lo & 15) | (hi & 15) << 4);
-                        uint8_t *top = ht + (chunk / 2) * 2 * GP_TILE + 4 * jj + i;
-                        const int shift = 4 * (int)(chunk % 2);
-                        if (shift == 0) *top = 0;
-                        *top |= (uint8_t)(((lo >> 4) | (hi >> 4) << 2) << shift);
+                        uint8_t top = 0;
+                        for (int half = 0; half < 2; half++) {
+                            const int v = 4 * (c + half) + i;
+                            top |= (uint8_t)(((q[jj][v] >> 4) | (q[jj + 8][v] >> 4) << 2) << 4 * half);
+                        }
+                        ht[(first + c) / 2 * 2 * GP_TILE + 4 * jj + i] = top;
                     }
-            }
         }
     }
     return 0;
@@ -296,23 +316,17 @@ int gguf_q4k_pack_kq(const uint8_t *blocks, int type, const int32_t *rows, int n
                 const uint8_t *b = blocks + ((size_t)rows[t * GP_TILE + j] * supers + sup) * 144;
                 memcpy(rec + 2 * j, b, 2);      /* d */
                 memcpy(rec + 32 + 2 * j, b + 2, 2); /* dmin */
-                const uint8_t *sc = b + 4;
                 for (int g = 0; g < 8; g++) {
-                    rec[64 + g * GP_TILE + j] =
-                        (uint8_t)(g < 4 ? sc[g] & 63 : (sc[g + 4] & 0xF) | (sc[g - 4] >> 6) << 4);
-                    rec[192 + g * GP_TILE + j] =
-                        (uint8_t)(g < 4 ? sc[g + 4] & 63 : (sc[g + 4] >> 4) | (sc[g] >> 6) << 4);
+                    int scale, min;
+                    gp_k_scale_min(b + 4, g, &scale, &min);
+                    rec[64 + g * GP_TILE + j] = (uint8_t)scale;
+                    rec[192 + g * GP_TILE + j] = (uint8_t)min;
                     const uint8_t *qs = b + 16 + 32 * (g / 2);
                     for (int v = 0; v < GP_BLOCK; v++)
                         q[j][g * GP_BLOCK + v] = g % 2 ? qs[v] >> 4 : qs[v] & 15;
                 }
             }
-            uint8_t *pc = pt + (size_t)sup * 64 * 2 * GP_TILE; /* 64 chunks of 4 values */
-            for (int c = 0; c < 64; c++)
-                for (int jj = 0; jj < 8; jj++)
-                    for (int i = 0; i < 4; i++)
-                        pc[c * 2 * GP_TILE + 4 * jj + i] =
-                            (uint8_t)(q[jj][4 * c + i] | q[jj + 8][4 * c + i] << 4);
+            gp_quads(q[0], 256, 64, pt + (size_t)sup * 64 * 2 * GP_TILE); /* 64 chunks */
         }
     }
     return 0;
