@@ -5,8 +5,8 @@ than its matmuls; this path leaves the matmuls and little else.
 
 `CpuDecodePlan.build(model)` returns a plan when every layer qualifies (bf16 or float32, fused
 q/k/v and gate/up on the own 4-bit kernel, no act-order, or int8 blocks: GGUF types without
-a 4-bit kernel or fused layers of mixed types with one, or the 6-bit layout); the model runs decode rows
-through `plan.run` (a decode-only step whole, the decode rows of a mixed step as a
+a 4-bit kernel or fused layers of mixed types with one, or the 6-bit layout); the model runs
+decode rows through `plan.run` (a decode-only step whole, the decode rows of a mixed step as a
 sub-batch) and prompt chunks through its modules.
 """
 
@@ -29,7 +29,7 @@ class _W4(ctypes.Structure):
                 ("k", ctypes.c_int), ("n", ctypes.c_int), ("group_size", ctypes.c_int),
                 ("codes8", ctypes.c_void_p), ("scales8", ctypes.c_void_p),
                 ("offsets8", ctypes.c_void_p), ("block8", ctypes.c_int), ("quads", ctypes.c_int),
-                ("high", ctypes.c_void_p), ("zero_point", ctypes.c_int), ("w6", ctypes.c_int)]
+                ("high", ctypes.c_void_p), ("zero_point", ctypes.c_int)]
 
 
 class _Layer(ctypes.Structure):
@@ -77,7 +77,7 @@ def _six_bit(linear: Any, dtype: torch.dtype) -> _W4 | None:
     return _W4(linear.packed.data_ptr(), linear.sb.data_ptr(),
                bias.data_ptr() if bias is not None else None, linear.in_features,
                linear.out_features, linear.group_size, quads=1, high=high,
-               zero_point=linear.zero_point, w6=1)
+               zero_point=linear.zero_point)
 
 
 def _w4(linear: Any, dtype: torch.dtype) -> _W4 | None:

@@ -21,10 +21,9 @@ struct w4_layer {
     const int8_t *codes8;
     const float *scales8, *offsets8;
     int block8;
-    int quads; /* `packed` in the quads layout (int8_dot.c, float32 models only) */
+    int quads; /* `packed` in the quads layout (int8_dot.c: every build, through w6_gemm) */
     const uint8_t *high; /* the 6-bit layout's top bits (int8_dot.c; quads), or NULL */
-    int zero_point;      /* > 0: symmetric groups, sb holds scales only (int8_dot.c) */
-    int w6;              /* through w6_gemm (top bits and / or a zero point) */
+    int zero_point;      /* the form of sb (int8_dot.c; quads): 0, > 0 or I8_KQ */
 };
 
 struct decode_layer {
@@ -59,20 +58,17 @@ static int q8_linear_bf16(const struct w4_layer *w, const uint16_t *x, uint16_t 
                         threads);
 }
 
+/* The quads layout, 4-bit or 6-bit, any form of scales: w6_gemm covers them all. */
 static int w4q_linear_f32(const struct w4_layer *w, const float *x, float *y, int rows,
                           int threads) {
-    if (w->w6)
-        return w6_gemm_f32(x, w->packed, w->high, w->sb, w->zero_point, y, rows, w->k, w->n,
-                           w->group_size, threads, 0);
-    return w4q_gemm_f32(x, w->packed, w->sb, y, rows, w->k, w->n, w->group_size, threads, 0);
+    return w6_gemm_f32(x, w->packed, w->high, w->sb, w->zero_point, y, rows, w->k, w->n,
+                       w->group_size, threads, 0);
 }
 
 static int w4q_linear_bf16(const struct w4_layer *w, const uint16_t *x, uint16_t *y, int rows,
                            int threads) {
-    if (w->w6)
-        return w6_gemm_bf16(x, w->packed, w->high, w->sb, w->zero_point, y, rows, w->k, w->n,
-                            w->group_size, threads);
-    return w4q_gemm_bf16(x, w->packed, w->sb, y, rows, w->k, w->n, w->group_size, threads);
+    return w6_gemm_bf16(x, w->packed, w->high, w->sb, w->zero_point, y, rows, w->k, w->n,
+                        w->group_size, threads);
 }
 
 #define DL_CAT2(a, b) a##_##b

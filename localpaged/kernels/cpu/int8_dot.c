@@ -25,8 +25,9 @@
  * (zp == I8_KQ, GGUF Q4_K's own form, groups of 32): per 256 values of K and column a float16
  * d and dmin and per group a 6-bit scale sc and min m, [N/16][K/256] records of 320 bytes
  * (d [16], dmin [16] float16, sc [8][16], m [8][16] uint8): scale d * sc, offset -(dmin * m),
- * both exact in float32 (11 by 6 bits). The products of two codes of up to 63 with activations of up
- * to 127 fill an int16 lane to 32004: `vpmaddubsw` sums are widened every 2 chunks.
+ * both exact in float32 (11 by 6 bits). The products of two codes of up to 63 with
+ * activations of up to 127 fill an int16 lane to 32004: `vpmaddubsw` sums are widened every
+ * 2 chunks.
  * 8-bit blocks (GGUF Q8_0, and the other GGUF types whose codes fit in int8: Q5_0/1, Q6_K,
  * IQ4_NL ...): codes int8 [N/16][K/2][2][16] (as w8_gemm), per block of `bs` values of K a
  * float32 scale and optionally a float32 offset per column, [N/16][K/bs][16] each:
@@ -132,7 +133,6 @@ static void w4_i8_tile_plain(const uint8_t *wp, const uint16_t *sbp, const int8_
     }
 }
 
-/* w4_i8_tile_plain for the quads layout: the same integers, the same float32 sums. */
 /* The uint16 entries of a tile's sb per group (zp > 0: scales; 0: scales and offsets), or
  * per super-block (I8_KQ). */
 static inline size_t sb_stride(int zp) {
@@ -161,6 +161,8 @@ static inline int w6_top(const uint8_t *hp, int c, int i, int j) {
     return ((bits >> (2 * (j / 8) + 4 * (c % 2))) & 3) << 4;
 }
 
+/* w4_i8_tile_plain for the quads layout (with the 6-bit layout's top bits `hp`, or NULL, and
+ * the scale forms of `zp`): the same integers, the same float32 sums. */
 static void w4q_i8_tile_plain(const uint8_t *wp, const uint8_t *hp, const uint16_t *sbp,
                               int zp, const int8_t *xq, const float *dx, const float *xs,
                               float *acc, int rows, int k, int gs) {
@@ -374,9 +376,9 @@ static inline __attribute__((always_inline)) void w4q_i8_tile_n(
 }
 
 #ifdef I8_AVX512
-/* Group g of a 16-column tile done: its float16 scales s and offsets o (-zp * s for a zero
- * point zp > 0) applied to each row's integer sums, out[m] += s * (dx * dot[m]) + o * xs (both
- * 512-bit 4-bit tiles). */
+/* Group g of a 16-column tile done: its scales s and offsets o (the forms of `zp`, see the
+ * top) applied to each row's integer sums, out[m] += s * (dx * dot[m]) + o * xs (both 512-bit
+ * 4-bit tiles). */
 static inline __attribute__((always_inline)) void w4_i8_group512(
     const uint16_t *sbp, int zp, int g, const __m512i *dot, const float *dx, const float *xs,
     int groups, int rows, __m512 *out) {
@@ -1113,10 +1115,14 @@ int w4q_gemm_f32(const float *x, const uint8_t *packed, const uint16_t *sb, floa
  * super-block scales), see the top;
  * K % 8 == 0 and group size % 8 == 0 (% 4 without `high`), for float32 x and y, on every build
  * (`plain`: the plain-C loops). */
+static int w6_fits(const uint8_t *high, int zp, int k, int gs) {
+    return !(high != NULL ? k % 8 || gs % 8 : k % 4 || gs % 4) &&
+           !(zp == I8_KQ && (gs != 32 || k % 256));
+}
+
 int w6_gemm_f32(const float *x, const uint8_t *packed, const uint8_t *high, const uint16_t *sb,
                 int zp, float *y, int m_rows, int k, int n, int gs, int threads, int plain) {
-    if (high != NULL ? k % 8 || gs % 8 : k % 4 || gs % 4) return -2;
-    if (zp == I8_KQ && (gs != 32 || k % 256)) return -2;
+    if (!w6_fits(high, zp, k, gs)) return -2;
     return w4_gemm_i8(x, packed, high, sb, zp, y, 0, m_rows, k, n, gs, threads, plain, 1);
 }
 
@@ -1124,8 +1130,7 @@ int w6_gemm_f32(const float *x, const uint8_t *packed, const uint8_t *high, cons
 int w6_gemm_bf16(const uint16_t *x, const uint8_t *packed, const uint8_t *high,
                  const uint16_t *sb, int zp, uint16_t *y, int m_rows, int k, int n, int gs,
                  int threads) {
-    if (high != NULL ? k % 8 || gs % 8 : k % 4 || gs % 4) return -2;
-    if (zp == I8_KQ && (gs != 32 || k % 256)) return -2;
+    if (!w6_fits(high, zp, k, gs)) return -2;
     return w4_gemm_i8(x, packed, high, sb, zp, y, 1, m_rows, k, n, gs, threads, 0, 1);
 }
 
