@@ -147,6 +147,7 @@ def install_int4(model: nn.Module, name: str, weight: Any, tied: bool = False) -
     linear has stays shared with the model's parameters (so it still loads by name). A token
     embedding stays 4-bit where the own CPU kernel takes it (`QuantEmbedding`, also the
     output layer when `tied`), else it is stored dense."""
+    from localpaged.quant import cpu_w4, w6_linear
     from localpaged.quant.ggml_int4 import GgmlInt4Weight
     from localpaged.quant.layout import Int4Weight
 
@@ -159,8 +160,6 @@ def install_int4(model: nn.Module, name: str, weight: Any, tied: bool = False) -
         if tuple(param.shape) != (weight.out_features, weight.in_features):
             raise ValueError(f"tensor {name!r}: expected shape {tuple(param.shape)}, found "
                              f"{(weight.out_features, weight.in_features)}")
-        from localpaged.quant import cpu_w4, w6_linear
-
         if (isinstance(linear, nn.Embedding) and param.device.type == "cpu"
                 and w6_linear.four_bit_wanted(weight, param.dtype)):
             six = w6_linear.from_four_bit(weight)
@@ -183,8 +182,6 @@ def install_int4(model: nn.Module, name: str, weight: Any, tied: bool = False) -
     if (weight.out_features, weight.in_features) != (linear.out_features, linear.in_features):
         raise ValueError(f"tensor {name!r}: expected shape {tuple(linear.weight.shape)}, found "
                          f"{(weight.out_features, weight.in_features)}")
-    from localpaged.quant import w6_linear
-
     layer: nn.Module
     if linear.weight.device.type == "cpu" and w6_linear.four_bit_wanted(weight, linear.weight.dtype):
         layer = w6_linear.from_four_bit(weight)  # Q4_0 / Q4_K in (nearly) the file's bits
@@ -213,15 +210,11 @@ def install_int8(model: nn.Module, name: str, weight: Any, tied: bool) -> None:
         raise ValueError(f"tensor {name!r}: int8 blocks fit only a linear or embedding weight")
     if tuple(weight.shape) != want:
         raise ValueError(f"tensor {name!r}: expected shape {want}, found {tuple(weight.shape)}")
-    layer: nn.Module
-    if isinstance(weight, GgmlInt8Weight) and w6_linear.wanted(weight.type_name, weight.shape):
-        layer = w6_linear.W6Linear.from_gguf(weight)
-        embedding: nn.Module = w6_linear.W6Embedding(layer, old.weight.dtype)  # type: ignore[arg-type]
-    else:
-        layer = Q8Linear.from_blocks(weight)
-        embedding = Q8Embedding(layer, old.weight.dtype)  # type: ignore[arg-type]
+    six = isinstance(weight, GgmlInt8Weight) and w6_linear.wanted(weight.type_name, weight.shape)
+    layer: nn.Module = w6_linear.W6Linear.from_gguf(weight) if six else Q8Linear.from_blocks(weight)
     if isinstance(old, nn.Embedding):
-        model.model.embed_tokens = embedding
+        table = w6_linear.W6Embedding if six else Q8Embedding
+        model.model.embed_tokens = table(layer, old.weight.dtype)  # type: ignore[arg-type]
         if tied:
             model.lm_head = layer
         return
