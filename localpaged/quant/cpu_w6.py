@@ -22,13 +22,14 @@ from __future__ import annotations
 import torch
 
 from localpaged.kernels import native
+from localpaged.quant import cpu_w4
 from localpaged.quant.cpu_w4 import TILE
 
 
 def available(isa: str | None = None) -> bool:
-    """Whether the build for `isa` (default: this process's) has the layout's vector loops."""
-    lib = native.library(isa)
-    return lib is not None and bool(lib.i8_dot_isa()) and bool(lib.w4q_vector())
+    """Whether the build for `isa` (default: this process's) has the layout's vector loops:
+    where float32 layers take the quads layout."""
+    return cpu_w4.quads_wanted(torch.float32, isa)
 
 
 def fits(n: int, k: int, group_size: int) -> bool:
