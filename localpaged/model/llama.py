@@ -40,8 +40,8 @@ def fuse_linears(layers: list[nn.Module]) -> nn.Module:
     from localpaged.quant.q8_linear import Q8Linear
     from localpaged.quant.w6_linear import W6Linear
 
-    if any(isinstance(layer, Q8Linear) for layer in layers):  # int8 blocks, maybe mixed with 4-bit
-        return Q8Linear.concat(layers)
+    if any(isinstance(layer, Q8Linear) for layer in layers) or not W6Linear.joins(layers):
+        return Q8Linear.concat(layers)  # int8 blocks, maybe mixed with 4-bit or IQ4_NL
     if any(isinstance(layer, W6Linear) for layer in layers):  # 6-bit, maybe mixed with 4-bit
         return W6Linear.concat(layers)
     if any(type(layer) is not type(first) for layer in layers):

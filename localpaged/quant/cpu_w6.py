@@ -11,7 +11,11 @@ bits a plane beside it, and a float16 scale and offset per group, as 4-bit weigh
                                            Q4_0's 8, Q5_0's 16, Q6_K's 32): W = (q - zp) * scale
            or [N/16, K/256, 160]           super-block scales (zero point KQ, Q4_K's own):
                                            see `pack_kq`
-    (`high` is None for 4-bit codes: the quads layout, for Q4_0 and Q4_K.)
+    (`high` is None for 4-bit codes: the quads layout, for Q4_0, Q4_K and IQ4_NL.)
+
+IQ4_NL (zero point NL) keeps its 4-bit codes and scales alone: code q stands for the byte
+`NL_VALUES[q]` (ggml's kvalues_iq4nl + 128), W = (NL_VALUES[q] - 128) * scale; the kernels
+look the bytes up (`vpshufb`).
 
 The products go through int8 activations (as llama.cpp's do) on every x86 build
 (`available`); elsewhere these types stay int8 blocks.
@@ -44,7 +48,7 @@ def pack(codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor | None
     `offsets` `[N, K/gs]` (torch ops: the tests' reference for the C packer, and the route for
     weights not read from a file). With a `zero_point` the offsets are `-zero_point * scale`
     and `sb` holds the scales only (`offsets` None); without `top_bits` the codes are 0..15
-    and `high` is None (the 4-bit quads layout)."""
+    and `high` is None (the 4-bit quads layout); `NL` takes IQ4_NL's code book (4-bit)."""
     n, k = codes.shape
     groups = scales.shape[1]
     gs = k // max(groups, 1)
@@ -53,8 +57,10 @@ def pack(codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor | None
                          f"(got {n} x {k}, {groups} groups)")
     if int(codes.min()) < 0 or int(codes.max()) > (63 if top_bits else 15):
         raise ValueError(f"the codes are 0..{63 if top_bits else 15}")
-    if (offsets is None) != (zero_point > 0):
+    if (offsets is None) != (zero_point != 0):
         raise ValueError("give offsets, or a zero point")
+    if zero_point == NL and top_bits:
+        raise ValueError("IQ4_NL's code book takes 4-bit codes (top_bits=False)")
     q = codes.to(torch.uint8).reshape(n // TILE, TILE, k // 4, 4).permute(0, 2, 3, 1)  # [T,c,i,j]
     packed = ((q[..., :8] & 15) | ((q[..., 8:] & 15) << 4)).transpose(2, 3)  # [T, c, j, i]
     high = None
@@ -84,6 +90,19 @@ def codes_of(packed: torch.Tensor, high: torch.Tensor | None) -> torch.Tensor:
 
 
 KQ = -1  # the zero point that marks super-block scales (GGUF Q4_K's own form, see pack_kq)
+NL = -2  # the zero point that marks IQ4_NL's code book (see the top)
+NL_VALUES = torch.tensor([1, 24, 45, 63, 79, 93, 106, 118, 129, 141, 153, 166, 181, 197, 217, 241],
+                         dtype=torch.uint8)  # kvalues_iq4nl + 128
+
+
+def symmetric_zero_point(zero_point: int) -> int:
+    """The zero point of scales kept alone (IQ4_NL's is 128), as `-zp * scale` offsets them."""
+    return 128 if zero_point == NL else zero_point
+
+
+def values_of(codes: torch.Tensor, zero_point: int) -> torch.Tensor:
+    """The integers the kernels multiply for `codes` (IQ4_NL's code book, else the codes)."""
+    return NL_VALUES[codes.long()] if zero_point == NL else codes
 KQ_RECORD = 160  # uint16 per tile and 256 values of K: d [16], dmin [16], sc [8][16], m [8][16] (u8)
 
 
@@ -124,7 +143,7 @@ def tile_scales(sb: torch.Tensor, zero_point: int) -> tuple[torch.Tensor, torch.
         o = -(halves[:, :, 1] * codes[:, :, 1]).reshape(t, supers * 8, TILE)
         return s, o
     parts = sb.float().unbind(dim=2)
-    return parts[0], (-zero_point * parts[0] if zero_point else parts[1])
+    return parts[0], (-symmetric_zero_point(zero_point) * parts[0] if zero_point else parts[1])
 
 
 def scales_offsets(sb: torch.Tensor, zero_point: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -139,7 +158,7 @@ def dequantize(packed: torch.Tensor, high: torch.Tensor | None, sb: torch.Tensor
     """The weight `[N, K]` in float32."""
     gs = group_size(packed, sb, zero_point)
     s, o = (v.repeat_interleave(gs, dim=1) for v in scales_offsets(sb, zero_point))
-    return codes_of(packed, high).float() * s + o
+    return values_of(codes_of(packed, high), zero_point).float() * s + o
 
 
 def matmul(x: torch.Tensor, packed: torch.Tensor, high: torch.Tensor | None, sb: torch.Tensor,

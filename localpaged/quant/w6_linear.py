@@ -1,8 +1,9 @@
 """GGUF matrices kept in (nearly) their file's bits on the CPU's quads layout (`cpu_w6`), so
 a decode step, which reads every weight once, reads less: Q6_K, Q5_0, Q5_1 and Q5_K in their
 6-bit codes (7 bits a weight for Q6_K, Q5_1 and Q5_K, 6.5 for Q5_0, where int8 blocks take
-9-10), Q4_0 with its scales alone (4.5) and Q4_K with its super-block scales (4.625), where
-the 4-bit layer's float16 scale and offset per group take 5. A fused layer whose parts are
+9-10), Q4_0 with its scales alone (4.5), Q4_K with its super-block scales (4.625), where
+the 4-bit layer's float16 scale and offset per group take 5, and IQ4_NL with its 4-bit codes
+into its code book and its scales alone (4.5, where int8 blocks take 9). A fused layer whose parts are
 6-bit and 4-bit (a Q4_K_M file's q/k/v, with v in Q6_K) is one 6-bit layer: the 4-bit
 layout's nibbles are this one's, with top bits 0.
 
@@ -21,11 +22,13 @@ from localpaged.quant.q8_linear import TileEmbedding
 
 W6_TYPES = {"Q5_0": 32, "Q5_1": 32, "Q5_K": 32, "Q6_K": 16}  # type -> group size
 ZERO_POINTS = {"Q4_0": 8, "Q5_0": 16, "Q6_K": 32}  # the symmetric types: W = (q - zp) * scale
+KEPT_TYPES = {**W6_TYPES, "IQ4_NL": 32}  # the GGUF int8-block types `from_gguf` takes
 
 
 def wanted(type_name: str, shape: tuple[int, int]) -> bool:
-    """Whether a GGUF matrix of `type_name` and `shape` `[N, K]` takes the 6-bit layout here."""
-    gs = W6_TYPES.get(type_name)
+    """Whether a GGUF matrix of `type_name` and `shape` `[N, K]` takes this layout here
+    (6-bit codes, or IQ4_NL's 4-bit ones)."""
+    gs = KEPT_TYPES.get(type_name)
     return gs is not None and cpu_w6.fits(*shape, gs) and cpu_w6.available()
 
 
@@ -56,8 +59,10 @@ class W6Linear(nn.Module):
         if zero_point == cpu_w6.KQ:
             if sb.dim() != 3 or sb.shape[2] != cpu_w6.KQ_RECORD or high is not None:
                 raise ValueError("super-block scales are records of 160 per 256 values, 4-bit")
-        elif (sb.shape[2] == 1) != (zero_point > 0):
+        elif (sb.shape[2] == 1) != (zero_point != 0):
             raise ValueError("scales alone need a zero point, scales and offsets none")
+        if zero_point == cpu_w6.NL and high is not None:
+            raise ValueError("IQ4_NL's code book takes 4-bit codes (no top bits)")
         self.register_buffer("packed", packed)
         self.register_buffer("high", high)
         self.register_buffer("sb", sb)
@@ -69,10 +74,16 @@ class W6Linear(nn.Module):
 
     @classmethod
     def from_gguf(cls, w: GgmlInt8Weight) -> W6Linear:
-        """A GGUF matrix of one of `W6_TYPES` packed in C from the file's blocks (a symmetric
-        type keeps its scales alone)."""
+        """A GGUF matrix of one of `KEPT_TYPES` packed in C from the file's blocks (a
+        symmetric type keeps its scales alone)."""
         n, k = w.shape
         t = n // cpu_w4.TILE
+        if w.type_name == "IQ4_NL":  # Q4_0's blocks: its packer, the offsets (-128 d) dropped
+            packed = torch.empty(t, k // 4, 2 * cpu_w4.TILE, dtype=torch.uint8)
+            sb = torch.empty(t, k // 32, 2, cpu_w4.TILE, dtype=torch.float16)
+            cpu_w4.gguf_pack("gguf_q4_pack", w.type_name, w.data, w.rows, n, k,
+                             packed.data_ptr(), sb.data_ptr(), 1)
+            return cls(packed, None, sb[:, :, :1].contiguous(), cpu_w6.NL)
         zp = ZERO_POINTS.get(w.type_name, 0)
         packed = torch.empty(t, k // 4, 2 * cpu_w4.TILE, dtype=torch.uint8)
         high = torch.empty(t, k // 8, 2 * cpu_w4.TILE, dtype=torch.uint8)
@@ -120,10 +131,21 @@ class W6Linear(nn.Module):
         return cpu_w6.scales_offsets(self.sb, self.zero_point)
 
     def blocks(self) -> Int8Blocks:
-        """The weight as `Int8Blocks` (codes 0..63, float32 scales and offsets), rows in order."""
+        """The weight as `Int8Blocks` (codes 0..63 with float32 scales and offsets, or
+        IQ4_NL's signed values with scales alone), rows in order."""
         s, o = self.scales_offsets()
-        codes = cpu_w6.codes_of(self.packed, self.high).to(torch.int8)
-        return Int8Blocks(codes, s, o, self.group_size, "6-bit")
+        codes = cpu_w6.codes_of(self.packed, self.high)
+        if self.zero_point == cpu_w6.NL:
+            signed = cpu_w6.values_of(codes, cpu_w6.NL).to(torch.int16) - 128
+            return Int8Blocks(signed.to(torch.int8), s, None, self.group_size, "IQ4_NL")
+        return Int8Blocks(codes.to(torch.int8), s, o, self.group_size, "6-bit")
+
+    @staticmethod
+    def joins(layers: list[nn.Module]) -> bool:
+        """Whether `concat` takes `layers`: IQ4_NL's code book joins only its own kind (other
+        mixes become int8 blocks, `Q8Linear.concat`)."""
+        nl = [isinstance(p, W6Linear) and p.zero_point == cpu_w6.NL for p in layers]
+        return all(nl) or not any(nl)
 
     def dequantize(self) -> torch.Tensor:
         """The weight `[N, K]` in float32."""
@@ -134,6 +156,8 @@ class W6Linear(nn.Module):
         """One layer computing the outputs of `layers` (6-bit, or 4-bit on the own kernel)
         side by side, at the smallest group size among them: symmetric where all are, with one
         zero point; with top bits where any part has them (0 for the others)."""
+        if not cls.joins(layers):
+            raise ValueError("IQ4_NL layers join only each other")
         parts = [p if isinstance(p, W6Linear) else cls.from_quant_linear(p) for p in layers]
         if len({p.in_features for p in parts}) != 1 or len({p.bias is None for p in parts}) != 1:
             raise ValueError("layers differ in input size or bias")
@@ -175,7 +199,8 @@ class W6Linear(nn.Module):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"{'6' if self.high is not None else '4'}-bit, group {self.group_size}"
-                + (f", zero point {self.zero_point}" if self.zero_point else ""))
+                + (", IQ4_NL code book" if self.zero_point == cpu_w6.NL
+                   else f", zero point {self.zero_point}" if self.zero_point else ""))
 
 
 class W6Embedding(TileEmbedding):
@@ -196,5 +221,6 @@ class W6Embedding(TileEmbedding):
             shifts = (2 * half[..., None] + torch.tensor([0, 4]).view(1, 1, 2, 1)).to(torch.uint8)
             q = q | (((h[:, :, None, :] >> shifts) & 3).reshape(n, -1) << 4)  # [n, K/8, 2, 4]
         s, o = (v[torch.arange(n), :, col] for v in cpu_w6.tile_scales(t.sb[tile], t.zero_point))
+        q = cpu_w6.values_of(q, t.zero_point)
         return q.float() * s.repeat_interleave(t.group_size, dim=1) + o.repeat_interleave(
             t.group_size, dim=1)

@@ -182,3 +182,32 @@ def test_native_decode_takes_a_fused_6_bit_layer(tmp_path: Path, cpu_variant: st
     vocab = model.config.vocab_size
     prompts = [torch.randint(3, vocab, (n,), generator=g).tolist() for n in (5, 12)]
     _assert_close(*_decode_step_both_ways(model, prompts), torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "f32"])
+def test_native_decode_takes_iq4_nl_layers(tmp_path: Path, cpu_variant: str,
+                                           dtype: torch.dtype) -> None:
+    """An IQ4_NL file (tied embedding): its layers keep the code book (fused q/k/v and
+    gate/up too) and decode steps take the native layer, agreeing with the torch layers."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "store"))
+    from ggufmaker import write_tiny_gguf
+
+    from localpaged.quant import cpu_w6
+    from localpaged.quant.w6_linear import W6Linear
+
+    path = write_tiny_gguf(tmp_path / "iq4nl.gguf", "IQ4_NL", tie=True)
+    model, _ = load_model(path, dtype=dtype)
+    done = optimize_for_inference(model, torch.device("cpu"))
+    layer = model.model.layers[0]
+    if not cpu_w6.available() or not isinstance(layer.mlp.down_proj, W6Linear):
+        assert not any(isinstance(m, W6Linear) for m in model.modules())
+        return
+    for fused in (layer.self_attn.qkv_proj, layer.mlp.gate_up_proj, model.lm_head):
+        assert isinstance(fused, W6Linear) and fused.zero_point == cpu_w6.NL
+    assert done["native_decode"] == 1
+    g = torch.Generator().manual_seed(3)
+    vocab = model.config.vocab_size
+    prompts = [torch.randint(3, vocab, (n,), generator=g).tolist() for n in (6, 19, 2)]
+    _assert_close(*_decode_step_both_ways(model, prompts), dtype)

@@ -55,8 +55,10 @@ def _int8_reference(x: torch.Tensor, w: torch.Tensor, group: int) -> torch.Tenso
 
 
 # (top bits, zero point): 6-bit with offsets (Q5_1, Q5_K), 6-bit symmetric (Q6_K, Q5_0),
-# 4-bit symmetric (Q4_0)
-KINDS = [(True, 0), (True, 32), (False, 8)]
+# 4-bit symmetric (Q4_0), IQ4_NL's code book (4-bit codes, bytes up to 241 through the int16
+# sums of the builds without VNNI)
+KINDS = [(True, 0), (True, 32), (False, 8), (False, cpu_w6.NL)]
+KIND_IDS = ["6-bit", "6-bit-sym", "4-bit-sym", "iq4nl"]
 
 
 def _packed(n: int, k: int, group: int, seed: int, six: bool, zp: int):
@@ -69,7 +71,7 @@ def _packed(n: int, k: int, group: int, seed: int, six: bool, zp: int):
 @pytest.mark.parametrize("rows", [1, 3, 4, 5, 9])
 @pytest.mark.parametrize(("n", "k", "group"), [(32, 64, 16), (48, 256, 32), (576, 1536, 16),
                                               (64, 96, 24)])
-@pytest.mark.parametrize(("six", "zp"), KINDS, ids=["6-bit", "6-bit-sym", "4-bit-sym"])
+@pytest.mark.parametrize(("six", "zp"), KINDS, ids=KIND_IDS)
 def test_loops_equal_the_int8_reference(cpu_variant: str, rows: int, n: int, k: int,
                                         group: int, six: bool, zp: int) -> None:
     """Each build's vector loops and its plain-C loops, float32 and bf16, against the float64
@@ -161,6 +163,62 @@ def test_q4_0_keeps_its_scales_alone(fixture_tensors) -> None:
         cpu_w4.to_pairs(four.w4_packed)), four.w4_sb))
 
 
+@needs_kernels
+def test_iq4_nl_keeps_its_codes_and_scales(fixture_tensors) -> None:
+    """An IQ4_NL matrix packed in C (rows permuted) keeps its 4-bit codes and float16 scales
+    (4.5 bits a weight): the `gguf` package's values exactly, its codes and scales where
+    `cpu_w6.pack` puts them, the products of the int8 blocks it replaces within the int8
+    scheme's rounding, and its embedding rows."""
+    from localpaged.quant.q8_linear import Q8Linear
+
+    n, k = SHAPE
+    data = fixture_tensors["IQ4_NL"]
+    rows = np.random.default_rng(5).permutation(n).astype(np.int32)
+    weight = GgmlInt8Weight("IQ4_NL", data, n, k, rows)
+    layer = W6Linear.from_gguf(weight)
+    assert layer.zero_point == cpu_w6.NL and layer.high is None and layer.group_size == 32
+    assert layer.sb.shape == (n // 16, k // 32, 1, 16)
+    assert layer.packed.numel() + layer.sb.numel() * 2 == n * k * 4.5 / 8
+    want = torch.from_numpy(gguf_dequantize(data, _qtype("IQ4_NL")).reshape(n, k)[rows].copy())
+    assert torch.equal(layer.dequantize(), want)
+    blocks = weight.blocks()  # the int8 route: signed code book values, float32 d
+    assert torch.equal(layer.blocks().codes, blocks.codes)
+    from localpaged.quant import ggml_types as gt
+
+    nibbles = gt.nibbles(gt.blocks_of("IQ4_NL", data, n * k)[:, 2:18]).reshape(n, k)[rows]
+    ref = cpu_w6.pack(torch.from_numpy(nibbles.astype(np.uint8)), blocks.scales.half().float(),
+                      None, zero_point=cpu_w6.NL, top_bits=False)
+    assert torch.equal(layer.packed, ref[0]) and torch.equal(layer.sb.view(torch.int16),
+                                                             ref[2].view(torch.int16))
+    x = torch.randn(5, k)
+    exact = _int8_reference(x, want, 32)
+    assert (layer(x).double() - exact).abs().max() <= 2**-18 * exact.abs().max()
+    q8 = Q8Linear.from_blocks(blocks)(x).double()
+    assert (q8 - exact).abs().max() <= 2**-18 * exact.abs().max()
+    ids = torch.tensor([0, n - 1, 7])
+    assert torch.equal(W6Embedding(layer, torch.float32)(ids), want[ids])
+
+
+@needs_kernels
+def test_iq4_nl_fuses_with_its_kind_only() -> None:
+    """IQ4_NL layers fuse keeping the code book; with another kind the model's fusion makes
+    int8 blocks holding every part's values."""
+    from localpaged.model.llama import fuse_linears
+    from localpaged.quant.q8_linear import Q8Linear
+
+    a, b = (W6Linear(*_packed(32, 128, 32, seed, False, cpu_w6.NL), cpu_w6.NL) for seed in (2, 3))
+    both = fuse_linears([a, b])
+    assert isinstance(both, W6Linear) and both.zero_point == cpu_w6.NL
+    x = torch.randn(3, 128)
+    assert torch.equal(both(x), torch.cat([a(x), b(x)], dim=1))
+    six = W6Linear(*_packed(48, 128, 16, 1, True, 32), 32)
+    with pytest.raises(ValueError, match="IQ4_NL"):
+        W6Linear.concat([a, six])
+    mixed = fuse_linears([a, six])
+    assert isinstance(mixed, Q8Linear)
+    assert torch.equal(mixed.blocks().dequantize(), torch.cat([a.dequantize(), six.dequantize()]))
+
+
 def _qtype(name: str):
     from gguf import GGMLQuantizationType
 
@@ -168,7 +226,7 @@ def _qtype(name: str):
 
 
 @needs_kernels
-@pytest.mark.parametrize(("six", "zp"), KINDS, ids=["6-bit", "6-bit-sym", "4-bit-sym"])
+@pytest.mark.parametrize(("six", "zp"), KINDS, ids=KIND_IDS)
 def test_embedding_rows(six: bool, zp: int) -> None:
     """W6Embedding gathers the dequantized rows."""
     layer = W6Linear(*_packed(48, 128, 16, 1, six, zp), zp)

@@ -52,6 +52,23 @@ _GGUF_NAMES = {
 }
 
 
+IQ4_NL_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113])
+
+
+def quantize_iq4_nl(value: np.ndarray) -> np.ndarray:
+    """`value` [N, K] as IQ4_NL blocks (the `gguf` package has no quantizer for it): per 32
+    values a float16 d (the value of largest magnitude over -127) and the nearest entry of the
+    code book per value, nibbles as Q4_0 lays them out."""
+    n, k = value.shape
+    x = value.reshape(-1, 32).astype(np.float32)
+    peak = x[np.arange(len(x)), np.abs(x).argmax(axis=1)]
+    d = (peak / -127).astype(np.float16)
+    safe = np.where(d == 0, 1, d.astype(np.float32))[:, None]
+    q = np.abs((x / safe)[:, :, None] - IQ4_NL_VALUES).argmin(axis=2).astype(np.uint8)
+    blocks = np.concatenate([d[:, None].view(np.uint8), q[:, :16] | (q[:, 16:] << 4)], axis=1)
+    return blocks.reshape(n, k // 32 * 18)
+
+
 def gguf_name(hf: str) -> str:
     if hf in _GGUF_NAMES:
         return _GGUF_NAMES[hf]
@@ -97,6 +114,8 @@ def write_tiny_gguf(path: Path, qtype: str = "Q8_0", weights: dict[str, np.ndarr
         if value.ndim == 2 and name != "F32":
             if name == "F16":
                 w.add_tensor(gguf_name(hf), value.astype(np.float16))
+            elif name == "IQ4_NL":
+                w.add_tensor(gguf_name(hf), quantize_iq4_nl(value), raw_dtype=kind)
             else:
                 w.add_tensor(gguf_name(hf), quantize(value, kind), raw_dtype=kind)
         else:

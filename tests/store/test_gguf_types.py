@@ -229,3 +229,53 @@ def test_a_4bit_token_embedding_stays_4bit(tmp_path: Path, dtype: torch.dtype, t
     got = model.compute_logits(hidden.to(dtype)).float()
     ref = dense.compute_logits(hidden.float())
     assert (got - ref).abs().max() <= 0.05 * ref.abs().max()
+
+
+IQ4_MIXED = {P + "self_attn.v_proj.weight": "Q5_0"}  # the rest IQ4_NL (an IQ4_XS preset's mix)
+
+
+def test_an_iq4_nl_file_keeps_its_code_book(tmp_path: Path, cpu_variant: str) -> None:
+    """IQ4_NL matrices stay in their 4-bit codes and scales where the quads layout serves
+    (every x86 build from AVX2 on), the tied embedding too (then also the output layer): the
+    file's values exactly, the load line counts them among the 4-bit matrices, a q/k/v mixing
+    IQ4_NL with Q5_0 fuses into int8 blocks of the same values, and the logits are those of
+    the same file on torch's ops (dense float32 weights) within the int8 activations' rounding.
+    Elsewhere they are int8 blocks, or dequantized once."""
+    from localpaged.model.loader import gguf_int8, gguf_kept_types, load_model
+    from localpaged.quant import cpu_w6
+    from localpaged.quant.q8_linear import Q8Linear
+    from localpaged.quant.w6_linear import W6Embedding, W6Linear
+
+    path = write_tiny_gguf(tmp_path / "iq4nl.gguf", "IQ4_NL", tie=True, types=IQ4_MIXED)
+    gguf = open_gguf(path)
+    dense = dict(gguf.weights())
+    model, _ = load_model(path, dtype="float32")
+    layer = model.model.layers[0]
+    cpu = torch.device("cpu")
+    summary = gguf.load_summary(torch.float32, gguf_kept_types(torch.float32, cpu),
+                                gguf_int8(torch.float32, cpu))
+    if not cpu_w6.available():
+        assert not any(isinstance(m, W6Linear) for m in model.modules())
+        assert "IQ4_NL" in summary and "kept 4-bit" not in summary, summary
+        return
+    assert summary == "weights: IQ4_NL x 7 kept 4-bit (group 32); Q5_0 x 1 kept 6-bit", summary
+    assert isinstance(model.model.embed_tokens, W6Embedding) and model.lm_head is model.model.embed_tokens.table
+    for name in ("self_attn.q_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.down_proj"):
+        got = layer.get_submodule(name)
+        assert isinstance(got, W6Linear) and got.zero_point == cpu_w6.NL, name
+        assert torch.equal(got.dequantize(), dense[f"{P}{name}.weight"]), name
+    ids = torch.tensor([0, 7, 63, 7])
+    assert torch.equal(model.model.embed_tokens(ids), dense["model.embed_tokens.weight"][ids])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("LOCALPAGED_CPU_KERNELS", "off")
+        ref, _ = load_model(path, dtype="float32")
+    x = torch.randn(5, 64)
+    want = ref.compute_logits(x)
+    assert (model.compute_logits(x) - want).abs().max() <= 0.02 * want.abs().max()
+    model.fuse_projections()
+    qkv = model.model.layers[0].self_attn.qkv_proj
+    assert isinstance(qkv, Q8Linear)  # IQ4_NL q and k with a Q5_0 v: int8 blocks
+    want_qkv = torch.cat([dense[f"{P}self_attn.{x}_proj.weight"] for x in "qkv"])
+    assert torch.equal(qkv.blocks().dequantize(), want_qkv)
+    gate_up = model.model.layers[0].mlp.gate_up_proj
+    assert isinstance(gate_up, W6Linear) and gate_up.zero_point == cpu_w6.NL

@@ -4,6 +4,8 @@
  * its time on otherwise. The same bytes as localpaged/quant/ggml_int4.py's numpy route
  * (`int4_pairs` then `cpu_w4_layout`), float32 operations in its order:
  *   Q4_0 (18 bytes: f16 d, 16 bytes of codes): W = d * (q - 8): s = d, b = -8 * d;
+ *   IQ4_NL (as Q4_0; W = d * kvalues[q]): the codes as they are, s = d, b = -128 * d (the
+ *   form of int8_dot.c's I8_NL, which looks the codes up);
  *   Q4_1 (20 bytes: f16 d, f16 m, codes):      W = d * q + m:   s = d, b = -(-m / d) * d,
  *   or, for a block whose d is 0, codes 0 and s = b = m;
  *   Q4_K: per group of 32, as Q4_1 with d * sc for d and -(dmin * m) for m (see gp_q4k).
@@ -73,7 +75,8 @@ static void gp_q4k(const uint8_t *b, int sub, uint8_t q[GP_BLOCK], float *s, flo
 
 /* One block's 32 codes (0..15), scale and offset. */
 static void gp_block(const uint8_t *b, int type, uint8_t q[GP_BLOCK], float *s, float *o) {
-    const uint8_t *qs = b + (type == 2 ? 2 : 4);
+    const int symmetric = type == 2 || type == 20;
+    const uint8_t *qs = b + (symmetric ? 2 : 4);
     uint16_t h;
     memcpy(&h, b, 2);
     const float d = f16_to_f32(h);
@@ -81,22 +84,23 @@ static void gp_block(const uint8_t *b, int type, uint8_t q[GP_BLOCK], float *s, 
         q[v] = qs[v] & 15;
         q[v + 16] = qs[v] >> 4;
     }
-    if (type == 2) {
+    if (symmetric) {
         *s = d;
-        *o = -8.f * d;
+        *o = (type == 2 ? -8.f : -128.f) * d;
         return;
     }
     memcpy(&h, b + 2, 2);
     gp_affine(d, f16_to_f32(h), q, s, o);
 }
 
-/* Returns 0, or -1 for a type other than Q4_0 (2) / Q4_1 (3) / Q4_K (12) or shapes off the
- * layout. */
+/* Returns 0, or -1 for a type other than Q4_0 (2) / Q4_1 (3) / Q4_K (12) / IQ4_NL (20) or
+ * shapes off the layout. */
 int gguf_q4_pack(const uint8_t *blocks, int type, const int32_t *rows, int n, int k,
                  uint8_t *packed, uint16_t *sb, int quads, int threads) {
-    if ((type != 2 && type != 3 && type != 12) || n % GP_TILE || k % (type == 12 ? 256 : GP_BLOCK))
+    if ((type != 2 && type != 3 && type != 12 && type != 20) || n % GP_TILE ||
+        k % (type == 12 ? 256 : GP_BLOCK))
         return -1;
-    const int groups = k / GP_BLOCK, bytes = type == 2 ? 18 : 20;
+    const int groups = k / GP_BLOCK, bytes = type == 2 || type == 20 ? 18 : 20;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int t = 0; t < n / GP_TILE; t++) {
         uint8_t *pt = packed + (size_t)t * (k / 2) * GP_TILE;

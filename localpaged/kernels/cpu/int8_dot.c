@@ -28,6 +28,12 @@
  * both exact in float32 (11 by 6 bits). The products of two codes of up to 63 with
  * activations of up to 127 fill an int16 lane to 32004: `vpmaddubsw` sums are widened every
  * 2 chunks.
+ * IQ4_NL's code book (zp == I8_NL, 4-bit codes, scales alone, sb as for symmetric groups):
+ * code q stands for the unsigned byte I8_NL_VALUES[q] = kvalues_iq4nl[q] + 128 (1..241), the
+ * weight being (I8_NL_VALUES[q] - 128) * scale, so the offset is -128 * scale (exact). The
+ * vector loops look the bytes up with `vpshufb`; with VNNI they go to `vpdpbusd` as they are;
+ * without it each byte is split into its nibbles (16 * hi + lo), whose `vpmaddubsw` sums are
+ * those of 4-bit codes, the high ones' scaled by 16 as they are widened.
  * 8-bit blocks (GGUF Q8_0, and the other GGUF types whose codes fit in int8: Q5_0/1, Q6_K,
  * IQ4_NL ...): codes int8 [N/16][K/2][2][16] (as w8_gemm), per block of `bs` values of K a
  * float32 scale and optionally a float32 offset per column, [N/16][K/bs][16] each:
@@ -74,6 +80,11 @@
 
 #define I8_TILE 16
 #define I8_KQ (-1)          /* zp of super-block scales (see the top) */
+#define I8_NL (-2)          /* zp of IQ4_NL's code book (see the top) */
+/* The zero point of symmetric scales (IQ4_NL's: 128), as the offset -zp * scale takes it. */
+#define I8_SYM_ZP(zp) ((zp) == I8_NL ? 128 : (zp))
+static const uint8_t I8_NL_VALUES[16] = {1, 24, 45, 63, 79, 93, 106, 118,
+                                         129, 141, 153, 166, 181, 197, 217, 241};
 #define I8_KQ_RECORD 160    /* uint16 per super-block record of a tile (320 bytes) */
 #define I8_ROWS 4 /* rows of x per pass over a weight tile */
 
@@ -150,7 +161,7 @@ static inline void group_scale(const uint16_t *sbp, int zp, int g, int j, float 
     }
     const uint16_t *sp = sbp + (size_t)g * sb_stride(zp);
     *s = f16_to_f32(sp[j]);
-    *o = zp ? -(float)zp * *s : f16_to_f32(sp[I8_TILE + j]);
+    *o = zp ? -(float)I8_SYM_ZP(zp) * *s : f16_to_f32(sp[I8_TILE + j]);
 }
 
 /* The top two bits of code (4c + i, column j) of a tile's 6-bit `high` plane, shifted to
@@ -180,8 +191,8 @@ static void w4q_i8_tile_plain(const uint8_t *wp, const uint8_t *hp, const uint16
                 for (int c = 0; c < chunks; c++)
                     for (int i = 0; i < 4; i++) {
                         const uint8_t v = gp[c * 2 * I8_TILE + 4 * (j % 8) + i];
-                        const int top = w6_top(hg, c, i, j);
-                        dot += ((j < 8 ? v & 15 : v >> 4) | top) * xm[4 * c + i];
+                        const int top = w6_top(hg, c, i, j), q = j < 8 ? v & 15 : v >> 4;
+                        dot += (zp == I8_NL ? I8_NL_VALUES[q] : q | top) * xm[4 * c + i];
                     }
                 float sc, o;
                 group_scale(sbp, zp, g, j, &sc, &o);
@@ -282,12 +293,17 @@ static inline __attribute__((always_inline)) void w4_i8_tile_n(
 /* w4q_i8_tile_plain with AVX2, `rows` (1..I8_ROWS) a constant after inlining. */
 static inline __attribute__((always_inline)) void w4q_i8_tile_n(
     const uint8_t *wp, const uint8_t *hp, const uint16_t *sbp, int zp, const int8_t *xq,
-    const float *dx, const float *xs, float *acc, int rows, int k, int gs, int six) {
+    const float *dx, const float *xs, float *acc, int rows, int k, int gs, int six, int nl) {
     const int groups = k / gs, chunks = gs / 4;
     const int run = six ? 2 : 8; /* chunks per int16 sum (see the top) */
     const __m256i low = _mm256_set1_epi8(0x0f), tops = _mm256_set1_epi8(0x30);
+    const __m256i book = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)I8_NL_VALUES));
 #ifndef I8_VNNI
-    const __m256i ones = _mm256_set1_epi16(1);
+    const __m256i ones = _mm256_set1_epi16(1), sixteens = _mm256_set1_epi16(16);
+    const __m256i book_lo = _mm256_and_si256(book, low);
+    const __m256i book_hi = _mm256_and_si256(_mm256_srli_epi16(book, 4), low);
+#else
+    (void)book;
 #endif
     __m256 out[I8_ROWS][2];
     for (int m = 0; m < I8_ROWS; m++) out[m][0] = out[m][1] = _mm256_setzero_ps();
@@ -298,8 +314,9 @@ static inline __attribute__((always_inline)) void w4q_i8_tile_n(
         const uint8_t *hg = six ? hp + (size_t)g * chunks * I8_TILE : NULL;
         for (int c0 = 0; c0 < chunks; c0 += run) { /* int16 sums cannot saturate */
 #ifndef I8_VNNI
-            __m256i d16[I8_ROWS][2];
-            for (int m = 0; m < I8_ROWS; m++) d16[m][0] = d16[m][1] = _mm256_setzero_si256();
+            __m256i d16[I8_ROWS][2], h16[I8_ROWS][2]; /* h16: the code book's high nibbles */
+            for (int m = 0; m < I8_ROWS; m++)
+                d16[m][0] = d16[m][1] = h16[m][0] = h16[m][1] = _mm256_setzero_si256();
 #endif
             const int end = c0 + run < chunks ? c0 + run : chunks;
             for (int c = c0; c < end; c++) {
@@ -314,6 +331,20 @@ static inline __attribute__((always_inline)) void w4q_i8_tile_n(
                     b = _mm256_or_si256(b, _mm256_and_si256(odd ? _mm256_srli_epi16(h, 2)
                                                                 : _mm256_slli_epi16(h, 2), tops));
                 }
+#ifdef I8_VNNI
+                if (nl) { /* the code book's bytes */
+                    a = _mm256_shuffle_epi8(book, a);
+                    b = _mm256_shuffle_epi8(book, b);
+                }
+#else
+                __m256i ah = a, bh = b;
+                if (nl) { /* the code book's bytes as their nibbles */
+                    ah = _mm256_shuffle_epi8(book_hi, a);
+                    bh = _mm256_shuffle_epi8(book_hi, b);
+                    a = _mm256_shuffle_epi8(book_lo, a);
+                    b = _mm256_shuffle_epi8(book_lo, b);
+                }
+#endif
 #pragma GCC unroll 4
                 for (int m = 0; m < I8_ROWS; m++) {
                     if (m >= rows) continue;
@@ -326,6 +357,10 @@ static inline __attribute__((always_inline)) void w4q_i8_tile_n(
 #else
                     d16[m][0] = _mm256_add_epi16(d16[m][0], _mm256_maddubs_epi16(a, xb));
                     d16[m][1] = _mm256_add_epi16(d16[m][1], _mm256_maddubs_epi16(b, xb));
+                    if (nl) {
+                        h16[m][0] = _mm256_add_epi16(h16[m][0], _mm256_maddubs_epi16(ah, xb));
+                        h16[m][1] = _mm256_add_epi16(h16[m][1], _mm256_maddubs_epi16(bh, xb));
+                    }
 #endif
                 }
             }
@@ -335,6 +370,10 @@ static inline __attribute__((always_inline)) void w4q_i8_tile_n(
                 if (m >= rows) continue;
                 dot[m][0] = _mm256_add_epi32(dot[m][0], _mm256_madd_epi16(d16[m][0], ones));
                 dot[m][1] = _mm256_add_epi32(dot[m][1], _mm256_madd_epi16(d16[m][1], ones));
+                if (nl) {
+                    dot[m][0] = _mm256_add_epi32(dot[m][0], _mm256_madd_epi16(h16[m][0], sixteens));
+                    dot[m][1] = _mm256_add_epi32(dot[m][1], _mm256_madd_epi16(h16[m][1], sixteens));
+                }
             }
 #endif
         }
@@ -352,7 +391,7 @@ static inline __attribute__((always_inline)) void w4q_i8_tile_n(
 #undef I8_U8X8
         } else {
             const uint16_t *sp = sbp + (size_t)g * sb_stride(zp);
-            const __m256 nz = _mm256_set1_ps(-(float)zp);
+            const __m256 nz = _mm256_set1_ps(-(float)I8_SYM_ZP(zp));
             s0 = load_f16x8(sp);
             s1 = load_f16x8(sp + 8);
             b0 = zp ? _mm256_mul_ps(nz, s0) : load_f16x8(sp + I8_TILE);
@@ -395,7 +434,7 @@ static inline __attribute__((always_inline)) void w4_i8_group512(
     } else {
         const uint16_t *sp = sbp + (size_t)g * sb_stride(zp);
         s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)sp));
-        o = zp ? _mm512_mul_ps(_mm512_set1_ps(-(float)zp), s)
+        o = zp ? _mm512_mul_ps(_mm512_set1_ps(-(float)I8_SYM_ZP(zp)), s)
                : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sp + I8_TILE)));
     }
 #pragma GCC unroll 4
@@ -415,10 +454,11 @@ static inline __attribute__((always_inline)) void w4_i8_group512(
  * operations per column as the 256-bit tile. */
 static inline __attribute__((always_inline)) void w4q_i8_tile512_n(
     const uint8_t *wp, const uint8_t *hp, const uint16_t *sbp, int zp, const int8_t *xq,
-    const float *dx, const float *xs, float *acc, int rows, int k, int gs, int six) {
+    const float *dx, const float *xs, float *acc, int rows, int k, int gs, int six, int nl) {
     const int groups = k / gs, chunks = gs / 4;
     const __m512i low = _mm512_set1_epi8(0x0f), tops = _mm512_set1_epi8(0x30);
     const __m512i shift = _mm512_set_epi64(4, 4, 4, 4, 0, 0, 0, 0);
+    const __m512i book = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)I8_NL_VALUES));
     __m512 out[I8_ROWS];
     for (int m = 0; m < I8_ROWS; m++) out[m] = _mm512_setzero_ps();
     for (int g = 0; g < groups; g++) {
@@ -448,6 +488,10 @@ static inline __attribute__((always_inline)) void w4q_i8_tile512_n(
                 b = _mm512_or_si512(b, _mm512_and_si512(
                     _mm512_srlv_epi64(_mm512_sllv_epi64(h, up_b), down_b), tops));
             }
+            if (nl) { /* the code book's bytes */
+                a = _mm512_shuffle_epi8(book, a);
+                b = _mm512_shuffle_epi8(book, b);
+            }
 #pragma GCC unroll 4
             for (int m = 0; m < I8_ROWS; m++) {
                 if (m >= rows) continue;
@@ -461,8 +505,12 @@ static inline __attribute__((always_inline)) void w4q_i8_tile512_n(
             const int c = chunks - 1;
             const __m512i v = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(gp + c * 32)));
             const __m512i keep = _mm512_maskz_mov_epi64(0x0f, _mm512_set1_epi8(0x0f));
-            const __m512i a = _mm512_and_si512(v, keep);
-            const __m512i b = _mm512_and_si512(_mm512_srli_epi16(v, 4), keep);
+            __m512i a = _mm512_and_si512(v, keep);
+            __m512i b = _mm512_and_si512(_mm512_srli_epi16(v, 4), keep);
+            if (nl) { /* the code book's bytes, zeros above */
+                a = _mm512_maskz_shuffle_epi8(0xffffffffULL, book, a);
+                b = _mm512_maskz_shuffle_epi8(0xffffffffULL, book, b);
+            }
             for (int m = 0; m < rows; m++) {
                 int32_t four;
                 memcpy(&four, xg + (size_t)m * k + 4 * c, sizeof four);
@@ -478,11 +526,13 @@ static inline __attribute__((always_inline)) void w4q_i8_tile512_n(
         }
         (void)shift;
 #else
-        const __m512i ones = _mm512_set1_epi16(1);
+        const __m512i ones = _mm512_set1_epi16(1), sixteens = _mm512_set1_epi16(16);
+        const __m512i book_lo = _mm512_and_si512(book, low);
+        const __m512i book_hi = _mm512_and_si512(_mm512_srli_epi16(book, 4), low);
         const int run = six ? 2 : 8; /* chunks per int16 sum (see the top) */
         for (int c0 = 0; c0 < chunks; c0 += run) { /* int16 sums cannot saturate */
-            __m512i d16[I8_ROWS];
-            for (int m = 0; m < I8_ROWS; m++) d16[m] = _mm512_setzero_si512();
+            __m512i d16[I8_ROWS], h16[I8_ROWS]; /* h16: the code book's high nibbles */
+            for (int m = 0; m < I8_ROWS; m++) d16[m] = h16[m] = _mm512_setzero_si512();
             const int end = c0 + run < chunks ? c0 + run : chunks;
             for (int c = c0; c < end; c++) {
                 if (c % 2 == 0) _mm_prefetch((const char *)(gp + c * 32) + 1024, _MM_HINT_T0);
@@ -494,18 +544,26 @@ static inline __attribute__((always_inline)) void w4q_i8_tile512_n(
                                             : _mm512_sllv_epi64(h, _mm512_set_epi64(2, 2, 2, 2, 4, 4, 4, 4));
                     w = _mm512_or_si512(w, _mm512_and_si512(t, tops));
                 }
+                __m512i wh = w;
+                if (nl) { /* the code book's bytes as their nibbles */
+                    wh = _mm512_shuffle_epi8(book_hi, w);
+                    w = _mm512_shuffle_epi8(book_lo, w);
+                }
 #pragma GCC unroll 4
                 for (int m = 0; m < I8_ROWS; m++) {
                     if (m >= rows) continue;
                     int32_t four;
                     memcpy(&four, xg + (size_t)m * k + 4 * c, sizeof four);
-                    d16[m] = _mm512_add_epi16(d16[m], _mm512_maddubs_epi16(w, _mm512_set1_epi32(four)));
+                    const __m512i xb = _mm512_set1_epi32(four);
+                    d16[m] = _mm512_add_epi16(d16[m], _mm512_maddubs_epi16(w, xb));
+                    if (nl) h16[m] = _mm512_add_epi16(h16[m], _mm512_maddubs_epi16(wh, xb));
                 }
             }
 #pragma GCC unroll 4
             for (int m = 0; m < I8_ROWS; m++) {
                 if (m >= rows) continue;
                 dot[m] = _mm512_add_epi32(dot[m], _mm512_madd_epi16(d16[m], ones));
+                if (nl) dot[m] = _mm512_add_epi32(dot[m], _mm512_madd_epi16(h16[m], sixteens));
             }
         }
 #endif
@@ -723,9 +781,10 @@ static void w4q_i8_tile(const uint8_t *wp, const uint8_t *hp, const uint16_t *sb
 #else
 #define I8_QUADS w4q_i8_tile_n
 #endif
-    switch (rows + 4 * (hp != NULL)) {
-#define I8_CASE(r) case r: I8_QUADS(wp, hp, sbp, zp, xq, dx, xs, acc, r, k, gs, 0); break; \
-                   case r + 4: I8_QUADS(wp, hp, sbp, zp, xq, dx, xs, acc, r, k, gs, 1); break;
+    switch (rows + 4 * (hp != NULL) + 8 * (zp == I8_NL)) {
+#define I8_CASE(r) case r: I8_QUADS(wp, hp, sbp, zp, xq, dx, xs, acc, r, k, gs, 0, 0); break; \
+                   case r + 4: I8_QUADS(wp, hp, sbp, zp, xq, dx, xs, acc, r, k, gs, 1, 0); break; \
+                   case r + 8: I8_QUADS(wp, hp, sbp, zp, xq, dx, xs, acc, r, k, gs, 0, 1); break;
         I8_CASE(1) I8_CASE(2) I8_CASE(3) I8_CASE(4)
 #undef I8_CASE
     }
@@ -1112,11 +1171,11 @@ int w4q_gemm_f32(const float *x, const uint8_t *packed, const uint16_t *sb, floa
 
 /* The quads layout with the 6-bit layout's top bits (`high`; NULL: 4-bit codes) and
  * symmetric groups (zero point `zp` > 0: scales only; 0: scales and offsets; I8_KQ:
- * super-block scales), see the top;
+ * super-block scales; I8_NL: IQ4_NL's code book, 4-bit codes), see the top;
  * K % 8 == 0 and group size % 8 == 0 (% 4 without `high`), for float32 x and y, on every build
  * (`plain`: the plain-C loops). */
 static int w6_fits(const uint8_t *high, int zp, int k, int gs) {
-    return !(high != NULL ? k % 8 || gs % 8 : k % 4 || gs % 4) &&
+    return !(high != NULL ? k % 8 || gs % 8 : k % 4 || gs % 4) && !(zp == I8_NL && high != NULL) &&
            !(zp == I8_KQ && (gs != 32 || k % 256));
 }
 
