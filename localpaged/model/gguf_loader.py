@@ -378,7 +378,7 @@ class GGUFFile:
             if kind in types and (t.name != "token_embd.weight" or (int8 and shape[0] % 16 == 0)):
                 counts = four_bit
             elif int8 and w6_linear.wanted(kind, shape):  # type: ignore[arg-type]
-                counts = four_bit if kind == "IQ4_NL" else six_bit
+                counts = four_bit if kind in w6_linear.CODE_BOOK_TYPES else six_bit
             elif int8 and kind in INT8_TYPES:
                 counts = eight_bit
             else:

@@ -146,12 +146,12 @@ def int8_blocks(type_name: str, data: np.ndarray, n: int, k: int) -> Int8Blocks:
 
 
 _C_TYPES = ("Q8_0", "Q5_0", "Q6_K")  # the C packer's (kernels/cpu/gguf_pack.c)
-_KEPT_TYPES = (*_C_TYPES, "Q5_1", "Q5_K", "IQ4_NL")  # also w6_linear.py's layout's
+_KEPT_TYPES = (*_C_TYPES, "Q5_1", "Q5_K", "IQ4_NL", "IQ4_XS")  # also w6_linear.py's layout's
 
 
 class GgmlInt8Weight:
     """A GGUF matrix of a type a C packer reads (Q8_0, Q5_0, Q6_K for the 8-bit tiles; those
-    and Q5_1, Q5_K, IQ4_NL for the 6-bit layout) kept as the file's blocks (a view of the mapping) and
+    and Q5_1, Q5_K, IQ4_NL, IQ4_XS for the 6-bit layout) kept as the file's blocks (a view of the mapping) and
     the order of its rows, until `kernel_tiles` packs it straight into the 8-bit kernel's tiles
     (the numbers of `int8_blocks`, without its `[N, K]` arrays) or `W6Linear.from_gguf` into
     the 6-bit layout; `blocks()` gives the `Int8Blocks` for any other use."""

@@ -2,8 +2,9 @@
 a decode step, which reads every weight once, reads less: Q6_K, Q5_0, Q5_1 and Q5_K in their
 6-bit codes (7 bits a weight for Q6_K, Q5_1 and Q5_K, 6.5 for Q5_0, where int8 blocks take
 9-10), Q4_0 with its scales alone (4.5), Q4_K with its super-block scales (4.625), where
-the 4-bit layer's float16 scale and offset per group take 5, and IQ4_NL with its 4-bit codes
-into its code book and its scales alone (4.5, where int8 blocks take 9). A fused layer whose parts are
+the 4-bit layer's float16 scale and offset per group take 5, and IQ4_NL and IQ4_XS with their
+4-bit codes into their code book and float16 scales alone (4.5, where int8 blocks take 9;
+IQ4_XS's d * (ls - 32) rounded to float16, as Q6_K's d * sc is). A fused layer whose parts are
 6-bit and 4-bit (a Q4_K_M file's q/k/v, with v in Q6_K) is one 6-bit layer: the 4-bit
 layout's nibbles are this one's, with top bits 0.
 
@@ -22,7 +23,8 @@ from localpaged.quant.q8_linear import TileEmbedding
 
 W6_TYPES = {"Q5_0": 32, "Q5_1": 32, "Q5_K": 32, "Q6_K": 16}  # type -> group size
 ZERO_POINTS = {"Q4_0": 8, "Q5_0": 16, "Q6_K": 32}  # the symmetric types: W = (q - zp) * scale
-KEPT_TYPES = {**W6_TYPES, "IQ4_NL": 32}  # the GGUF int8-block types `from_gguf` takes
+CODE_BOOK_TYPES = ("IQ4_NL", "IQ4_XS")  # 4-bit codes into kvalues_iq4nl: zero point NL
+KEPT_TYPES = {**W6_TYPES, "IQ4_NL": 32, "IQ4_XS": 32}  # the GGUF types `from_gguf` takes
 
 
 def wanted(type_name: str, shape: tuple[int, int]) -> bool:
@@ -78,7 +80,7 @@ class W6Linear(nn.Module):
         symmetric type keeps its scales alone)."""
         n, k = w.shape
         t = n // cpu_w4.TILE
-        if w.type_name == "IQ4_NL":  # Q4_0's blocks: its packer, the offsets (-128 d) dropped
+        if w.type_name in CODE_BOOK_TYPES:  # the 4-bit packer, the offsets (-128 s) dropped
             packed = torch.empty(t, k // 4, 2 * cpu_w4.TILE, dtype=torch.uint8)
             sb = torch.empty(t, k // 32, 2, cpu_w4.TILE, dtype=torch.float16)
             cpu_w4.gguf_pack("gguf_q4_pack", w.type_name, w.data, w.rows, n, k,

@@ -6,6 +6,7 @@
  *   Q4_0 (18 bytes: f16 d, 16 bytes of codes): W = d * (q - 8): s = d, b = -8 * d;
  *   IQ4_NL (as Q4_0; W = d * kvalues[q]): the codes as they are, s = d, b = -128 * d (the
  *   form of int8_dot.c's I8_NL, which looks the codes up);
+ *   IQ4_XS: per group of 32 as IQ4_NL with d * (ls - 32) for d (see gp_iq4xs);
  *   Q4_1 (20 bytes: f16 d, f16 m, codes):      W = d * q + m:   s = d, b = -(-m / d) * d,
  *   or, for a block whose d is 0, codes 0 and s = b = m;
  *   Q4_K: per group of 32, as Q4_1 with d * sc for d and -(dmin * m) for m (see gp_q4k).
@@ -73,6 +74,23 @@ static void gp_q4k(const uint8_t *b, int sub, uint8_t q[GP_BLOCK], float *s, flo
     gp_affine(scl, off, q, s, o);
 }
 
+/* Group `sub` (0..7) of an IQ4_XS super-block `b` (136 bytes: f16 d, u16 scales_h, 4 bytes
+ * scales_l, 128 bytes of codes, 16 a group laid out as IQ4_NL's): codes, scale d * (ls - 32)
+ * (ls: a nibble of scales_l and two bits of scales_h) and offset -128 times it. */
+static void gp_iq4xs(const uint8_t *b, int sub, uint8_t q[GP_BLOCK], float *s, float *o) {
+    uint16_t h, high;
+    memcpy(&h, b, 2);
+    memcpy(&high, b + 2, 2);
+    const int ls = ((b[4 + sub / 2] >> 4 * (sub % 2)) & 15) | ((high >> 2 * sub) & 3) << 4;
+    const uint8_t *qs = b + 8 + 16 * sub;
+    for (int v = 0; v < 16; v++) {
+        q[v] = qs[v] & 15;
+        q[v + 16] = qs[v] >> 4;
+    }
+    *s = f16_to_f32(h) * (float)(ls - 32);
+    *o = -128.f * *s;
+}
+
 /* One block's 32 codes (0..15), scale and offset. */
 static void gp_block(const uint8_t *b, int type, uint8_t q[GP_BLOCK], float *s, float *o) {
     const int symmetric = type == 2 || type == 20;
@@ -93,12 +111,13 @@ static void gp_block(const uint8_t *b, int type, uint8_t q[GP_BLOCK], float *s, 
     gp_affine(d, f16_to_f32(h), q, s, o);
 }
 
-/* Returns 0, or -1 for a type other than Q4_0 (2) / Q4_1 (3) / Q4_K (12) / IQ4_NL (20) or
- * shapes off the layout. */
+/* Returns 0, or -1 for a type other than Q4_0 (2) / Q4_1 (3) / Q4_K (12) / IQ4_NL (20) /
+ * IQ4_XS (23) or shapes off the layout. */
 int gguf_q4_pack(const uint8_t *blocks, int type, const int32_t *rows, int n, int k,
                  uint8_t *packed, uint16_t *sb, int quads, int threads) {
-    if ((type != 2 && type != 3 && type != 12 && type != 20) || n % GP_TILE ||
-        k % (type == 12 ? 256 : GP_BLOCK))
+    const int super = type == 12 || type == 23;
+    if ((type != 2 && type != 3 && !super && type != 20) || n % GP_TILE ||
+        k % (super ? 256 : GP_BLOCK))
         return -1;
     const int groups = k / GP_BLOCK, bytes = type == 2 || type == 20 ? 18 : 20;
 #pragma omp parallel for num_threads(threads) schedule(static)
@@ -112,6 +131,8 @@ int gguf_q4_pack(const uint8_t *blocks, int type, const int32_t *rows, int n, in
                 float s, o;
                 if (type == 12)
                     gp_q4k(blocks + ((size_t)r * (k / 256) + g / 8) * 144, g % 8, q[j], &s, &o);
+                else if (type == 23)
+                    gp_iq4xs(blocks + ((size_t)r * (k / 256) + g / 8) * 136, g % 8, q[j], &s, &o);
                 else
                     gp_block(blocks + ((size_t)r * groups + g) * bytes, type, q[j], &s, &o);
                 st[(size_t)g * 2 * GP_TILE + j] = f32_to_f16(s);
