@@ -297,6 +297,50 @@ def gemm_calls() -> list[Call]:
     return calls
 
 
+def w6_calls() -> list[Call]:
+    """The quads layout's every form through `w6_gemm` (quant/cpu_w6.py): 6-bit codes with
+    offsets, 6-bit and 4-bit symmetric groups, Q4_K's super-block scales and IQ4_NL's code
+    book, plain and vector, float32 (against the x86 int8 build, bit for bit) and bf16."""
+    from localpaged.quant import cpu_w6
+
+    calls = []
+    for rows, (n, k, group), (six, zp) in [(1, (32, 256, 32), (True, 0)),
+                                           (5, (48, 96, 16), (True, 32)),
+                                           (3, (32, 160, 32), (False, 8)),
+                                           (9, (32, 512, 32), (False, cpu_w6.KQ)),
+                                           (4, (48, 96, 12), (False, cpu_w6.NL)),
+                                           (2, (32, 2048, 256), (True, 0))]:
+        g = _gen(rows + k)
+        codes = torch.randint(0, 64 if six else 16, (n, k), generator=g, dtype=torch.uint8)
+        codes[:, : k // 2] = 63 if six else 15  # the int16 sums' largest
+        if zp == cpu_w6.KQ:
+            d, dmin = (torch.rand(n, k // 256, generator=g) * 1e-3 for _ in range(2))
+            sc, mins = (torch.randint(0, 64, (n, k // 32), generator=g) for _ in range(2))
+            packed, sb = cpu_w6.pack_kq(codes, d, dmin, sc, mins)
+            high = None
+        else:
+            scales = torch.rand(n, k // group, generator=g) * 0.02 + 0.001
+            offsets = None if zp else -32 * scales + torch.randn(n, k // group, generator=g) * 1e-3
+            packed, high, sb = cpu_w6.pack(codes, scales, offsets, zero_point=zp, top_bits=six)
+        w = cpu_w6.dequantize(packed, high, sb, zp)
+        x = torch.randn(rows, k, generator=g)
+        x[0, : k // 2] = x[0, : k // 2].abs() * 10  # one sign at the largest codes
+        ref = _int8_reference(x, w, cpu_w6.group_size(packed, sb, zp))
+        gs = cpu_w6.group_size(packed, sb, zp)
+        tag = f"{rows}x{k}x{n}/g{gs} zp={zp}{' 6-bit' if six else ''}"
+        for plain in (1, 0):
+            y = torch.zeros(rows, n)
+            calls.append(Call(f"w6_gemm_f32 plain={plain} {tag}", "w6_gemm_f32",
+                              [x, packed, high, sb, zp, y, rows, k, n, gs, THREADS, plain], [y],
+                              exact=True, reference=[ref], tolerance=2**-18, vector=not plain))
+        xb = x.bfloat16()
+        y = torch.zeros(rows, n, dtype=torch.bfloat16)
+        calls.append(Call(f"w6_gemm_bf16 {tag}", "w6_gemm_bf16",
+                          [xb, packed, high, sb, zp, y, rows, k, n, gs, THREADS], [y],
+                          reference=[_int8_reference(xb.float(), w, gs)], tolerance=2**-7))
+    return calls
+
+
 def _attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                          tables: torch.Tensor, lens: torch.Tensor, scale: float) -> torch.Tensor:
     out = torch.zeros(q.shape, dtype=torch.float64)
@@ -422,7 +466,7 @@ def layer_calls() -> list[Call]:
 
 
 def all_calls() -> list[Call]:
-    return [*gemm_calls(), *decode_calls(), *elementwise_calls(), *layer_calls()]
+    return [*gemm_calls(), *w6_calls(), *decode_calls(), *elementwise_calls(), *layer_calls()]
 
 
 # ---- comparing ----------------------------------------------------------------------------

@@ -17,8 +17,8 @@ IQ4_NL (zero point NL) keeps its 4-bit codes and scales alone: code q stands for
 `NL_VALUES[q]` (ggml's kvalues_iq4nl + 128), W = (NL_VALUES[q] - 128) * scale; the kernels
 look the bytes up (`vpshufb`).
 
-The products go through int8 activations (as llama.cpp's do) on every x86 build
-(`available`); elsewhere these types stay int8 blocks.
+The products go through int8 activations (as llama.cpp's do) on every x86 build from AVX2
+on and on NEON (`available`); elsewhere these types stay int8 blocks.
 """
 
 from __future__ import annotations
@@ -26,14 +26,14 @@ from __future__ import annotations
 import torch
 
 from localpaged.kernels import native
-from localpaged.quant import cpu_w4
 from localpaged.quant.cpu_w4 import TILE
 
 
 def available(isa: str | None = None) -> bool:
-    """Whether the build for `isa` (default: this process's) has the layout's vector loops:
-    where float32 layers take the quads layout."""
-    return cpu_w4.quads_wanted(torch.float32, isa)
+    """Whether the build for `isa` (default: this process's) multiplies float32 activations
+    as int8 and has the layout's vector loops (x86 from AVX2 on, and NEON)."""
+    lib = native.library(isa)
+    return lib is not None and bool(lib.i8_dot_isa()) and bool(lib.w6_vector())
 
 
 def fits(n: int, k: int, group_size: int) -> bool:

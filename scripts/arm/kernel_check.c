@@ -32,6 +32,11 @@ int w4_i8_gemm_f32(const float *, const uint8_t *, const uint16_t *, float *, in
                    int, int);
 int q8_gemm_f32(const float *, const int8_t *, const float *, const float *, float *, int, int,
                 int, int, int, int);
+int w6_gemm_f32(const float *, const uint8_t *, const uint8_t *, const uint16_t *, int, float *,
+                int, int, int, int, int, int);
+int w6_gemm_bf16(const uint16_t *, const uint8_t *, const uint8_t *, const uint16_t *, int,
+                 uint16_t *, int, int, int, int, int);
+int w6_vector(void);
 int paged_decode_bf16(const uint16_t *, const uint16_t *, const uint16_t *, const int32_t *, int,
                       const int32_t *, uint16_t *, int, int, int, int, int, float, int);
 int paged_decode_f32(const float *, const float *, const float *, const int32_t *, int,
@@ -99,6 +104,12 @@ union arg {
 static long dispatch(const char *fn, const union arg *a) {
     if (!strcmp(fn, "w4_gemm_isa")) return w4_gemm_isa();
     if (!strcmp(fn, "i8_dot_isa")) return i8_dot_isa();
+    if (!strcmp(fn, "w6_vector")) return w6_vector();
+    if (!strcmp(fn, "w6_gemm_f32"))
+        return w6_gemm_f32(P(0), P(1), P(2), P(3), I(4), P(5), I(6), I(7), I(8), I(9), I(10),
+                           I(11));
+    if (!strcmp(fn, "w6_gemm_bf16"))
+        return w6_gemm_bf16(P(0), P(1), P(2), P(3), I(4), P(5), I(6), I(7), I(8), I(9), I(10));
     if (!strcmp(fn, "w4_gemm_bf16"))
         return w4_gemm_bf16(P(0), P(1), P(2), P(3), I(4), I(5), I(6), I(7), I(8));
     if (!strcmp(fn, "w8_gemm_bf16"))

@@ -105,8 +105,12 @@ static void quantize_rows_i8(const void *x, int x_bf16, int rows, int k, int bs,
     for (int i = 0; i < rows * blocks; i++) {
         const size_t at = (size_t)i * bs;
         int8_t *qb = xq + at;
-        float amax = 0.f;
-        for (int j = 0; j < bs; j++) amax = fmaxf(amax, fabsf(x_value(x, x_bf16, at + j)));
+        float amax = 0.f; /* (not fmaxf, the same here: GCC 12's aarch64 vectorizer fails on
+                           * that reduction beside the sum below, an internal compiler error) */
+        for (int j = 0; j < bs; j++) {
+            const float a = fabsf(x_value(x, x_bf16, at + j));
+            amax = a > amax ? a : amax;
+        }
         const float inv = amax > 0.f ? 127.f / amax : 0.f;
         int32_t sum = 0;
         for (int j = 0; j < bs; j++) {
@@ -953,7 +957,118 @@ static void q8_i8_tile(const int8_t *wp, const float *sp, const float *op, const
     for (int m = 0; m < rows; m++)
         for (int q = 0; q < 4; q++) vst1q_f32(acc + m * I8_TILE + 4 * q, out[m][q]);
 }
+
+#define I8_NEON_PIECE 32 /* chunks of a group unpacked at a time (128 values of K) */
+
+/* w4q_i8_tile_plain with NEON (the 6-bit layout and every scale form too). A chunk's 32 bytes
+ * are already `sdot`'s operands: bytes 16h + 4j + i hold value i of column 4h + j (low nibble)
+ * and of column 8 + 4h + j (high one), so one AND or shift (and the top bits) gives four
+ * vectors of four columns x four values of K. Up to I8_NEON_PIECE chunks of a group are
+ * unpacked once into such int8 vectors, then each row multiplies them: `sdot`, or `smull`
+ * into int16 pairs widened by `sadalp` (4-bit and 6-bit codes: 4 chunks per int16 sum, at most
+ * 4 * 63 * 127; the code book: 2). IQ4_NL's code book is looked up as its signed values
+ * (`tbl`), their sums made the unsigned bytes' (I8_NL_VALUES) by 128 times the row's sum of x.
+ * The same integers as the plain C, the scales applied with its float operations in its
+ * order (bit for bit where the compiler does not fuse them there). */
+static void w4q_i8_tile(const uint8_t *wp, const uint8_t *hp, const uint16_t *sbp, int zp,
+                        const int8_t *xq, const float *dx, const float *xs, float *acc, int rows,
+                        int k, int gs) {
+    static const int8_t book_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                           1, 13, 25, 38, 53, 69, 89, 113};
+    const int groups = k / gs, chunks = gs / 4, nl = zp == I8_NL;
+    const uint8x16_t low = vdupq_n_u8(15), tops = vdupq_n_u8(0x30);
+    const int8x16_t book = vld1q_s8(book_values);
+    int8x16_t w[I8_NEON_PIECE][4];
+    float32x4_t out[I8_ROWS][4];
+    for (int m = 0; m < I8_ROWS; m++)
+        for (int q = 0; q < 4; q++) out[m][q] = vdupq_n_f32(0.f);
+    for (int g = 0; g < groups; g++) {
+        const uint8_t *gp = wp + (size_t)g * chunks * 2 * I8_TILE;
+        const uint8_t *hg = hp != NULL ? hp + (size_t)g * chunks * I8_TILE : NULL;
+        int32x4_t dot[I8_ROWS][4];
+        for (int m = 0; m < I8_ROWS; m++)
+            for (int q = 0; q < 4; q++) dot[m][q] = vdupq_n_s32(0);
+        for (int c0 = 0; c0 < chunks; c0 += I8_NEON_PIECE) {
+            const int n = chunks - c0 < I8_NEON_PIECE ? chunks - c0 : I8_NEON_PIECE;
+            for (int c = 0; c < n; c++) {
+                const int cc = c0 + c;
+                for (int h = 0; h < 2; h++) {
+                    const uint8x16_t v = vld1q_u8(gp + cc * 32 + 16 * h);
+                    uint8x16_t a = vandq_u8(v, low), b = vshrq_n_u8(v, 4);
+                    if (hg != NULL) { /* bits 0-1 / 2-3 of the pair's byte, or 4-5 / 6-7 */
+                        const uint8x16_t t = vld1q_u8(hg + (cc / 2) * 32 + 16 * h);
+                        a = vorrq_u8(a, vandq_u8(cc % 2 ? t : vshlq_n_u8(t, 4), tops));
+                        b = vorrq_u8(b, vandq_u8(cc % 2 ? vshrq_n_u8(t, 2) : vshlq_n_u8(t, 2), tops));
+                    }
+                    w[c][h] = nl ? vqtbl1q_s8(book, a) : vreinterpretq_s8_u8(a);
+                    w[c][2 + h] = nl ? vqtbl1q_s8(book, b) : vreinterpretq_s8_u8(b);
+                }
+            }
+            for (int m = 0; m < rows; m++) {
+                const int8_t *xm = xq + (size_t)m * k + (size_t)g * gs + 4 * c0;
+#ifdef I8_DOTPROD
+                for (int c = 0; c < n; c++) {
+                    int32_t four;
+                    memcpy(&four, xm + 4 * c, sizeof four);
+                    const int8x16_t xv = vreinterpretq_s8_s32(vdupq_n_s32(four));
+                    for (int q = 0; q < 4; q++) dot[m][q] = vdotq_s32(dot[m][q], w[c][q], xv);
+                }
+#else
+                const int run = nl ? 2 : 4; /* chunks per int16 sum (see above) */
+                int32x4_t lo[4], hi[4]; /* columns 4q, 4q + 1 and 4q + 2, 4q + 3: pairs of K */
+                for (int q = 0; q < 4; q++) lo[q] = hi[q] = vdupq_n_s32(0);
+                for (int c1 = 0; c1 < n; c1 += run) {
+                    int16x8_t l16[4], h16[4];
+                    for (int q = 0; q < 4; q++) l16[q] = h16[q] = vdupq_n_s16(0);
+                    for (int c = c1; c < c1 + run && c < n; c++) {
+                        int32_t four;
+                        memcpy(&four, xm + 4 * c, sizeof four);
+                        const int8x16_t xv = vreinterpretq_s8_s32(vdupq_n_s32(four));
+                        for (int q = 0; q < 4; q++) {
+                            l16[q] = vmlal_s8(l16[q], vget_low_s8(w[c][q]), vget_low_s8(xv));
+                            h16[q] = vmlal_high_s8(h16[q], w[c][q], xv);
+                        }
+                    }
+                    for (int q = 0; q < 4; q++) {
+                        lo[q] = vpadalq_s16(lo[q], l16[q]);
+                        hi[q] = vpadalq_s16(hi[q], h16[q]);
+                    }
+                }
+                for (int q = 0; q < 4; q++) dot[m][q] = vaddq_s32(dot[m][q], vpaddq_s32(lo[q], hi[q]));
 #endif
+            }
+        }
+        float sc[I8_TILE], of[I8_TILE];
+        for (int j = 0; j < I8_TILE; j++) group_scale(sbp, zp, g, j, &sc[j], &of[j]);
+        for (int m = 0; m < rows; m++) {
+            const float d = dx[(size_t)m * groups + g], sx = xs[(size_t)m * groups + g];
+            int32_t sum = 0; /* the code book's signed values to its bytes: + 128 * sum of x */
+            if (nl)
+                for (int v = 0; v < gs; v++) sum += xq[(size_t)m * k + (size_t)g * gs + v];
+            for (int q = 0; q < 4; q++) {
+                const int32x4_t dq = vaddq_s32(dot[m][q], vdupq_n_s32(128 * sum));
+                /* acc += sc * (d * dot) + o * sx, rounded as the plain C */
+                const float32x4_t t = vmulq_f32(vld1q_f32(sc + 4 * q),
+                                                vmulq_n_f32(vcvtq_f32_s32(dq), d));
+                out[m][q] = vaddq_f32(out[m][q], vaddq_f32(t, vmulq_n_f32(vld1q_f32(of + 4 * q), sx)));
+            }
+        }
+    }
+    for (int m = 0; m < rows; m++)
+        for (int q = 0; q < 4; q++) vst1q_f32(acc + m * I8_TILE + 4 * q, out[m][q]);
+}
+#endif
+
+/* Whether this build has vector loops for the 6-bit layout and every scale form of the quads
+ * layout (int8_dot.c's w6_gemm: AVX2 and up, NEON): where GGUF Q5/Q6 and IQ4 matrices keep
+ * their own codes. */
+int w6_vector(void) {
+#if defined(I8_AVX2) || defined(I8_NEON)
+    return 1;
+#else
+    return 0;
+#endif
+}
 
 /* Whether this build has vector loops for the quads layout (else float32 layers keep the
  * pairs layout, whose vector loops it has: NEON). */
@@ -1033,7 +1148,7 @@ static int w4_gemm_i8(const void *x, const uint8_t *packed, const uint8_t *high,
                 w4_i8_tile512(wp, sbp, xp + (size_t)m0 * k, dm, sm, acc, rows, k, gs);
             else
 #endif
-#ifdef I8_AVX2
+#if defined(I8_AVX2) || defined(I8_NEON)
             if (!plain && quads)
                 w4q_i8_tile(wp, hp, sbp, zp, xm, dm, sm, acc, rows, k, gs);
             else
