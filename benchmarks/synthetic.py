@@ -63,10 +63,12 @@ class Shape:
     rms_eps: float
     real_vocab: int
     qkv_bias: bool = False
+    qk_norm: bool = False  # Qwen3: attn_q_norm / attn_k_norm per head
+    head_size: int | None = None  # where it is not hidden / heads (Qwen3)
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        return self.head_size or self.hidden // self.heads
 
 
 SHAPES: dict[str, Shape] = {
@@ -77,10 +79,18 @@ SHAPES: dict[str, Shape] = {
                           qkv_bias=True),
     "qwen2.5:7b": Shape("qwen2", 3584, 28, 28, 4, 18944, False, 1000000.0, 32768, 1e-6, 152064,
                         qkv_bias=True),
+    "qwen3:0.6b": Shape("qwen3", 1024, 28, 16, 8, 3072, True, 1000000.0, 40960, 1e-6, 151936,
+                        qk_norm=True, head_size=128),
+    "qwen3:1.7b": Shape("qwen3", 2048, 28, 16, 8, 6144, True, 1000000.0, 40960, 1e-6, 151936,
+                        qk_norm=True, head_size=128),
+    "qwen3:4b": Shape("qwen3", 2560, 36, 32, 8, 9728, True, 1000000.0, 40960, 1e-6, 151936,
+                      qk_norm=True, head_size=128),
     # Tiny shapes for tests and smoke runs (seconds to write and load).
     "tiny": Shape("llama", 64, 2, 4, 2, 128, True, 10000.0, 2048, 1e-5, VOCAB),
     "tiny-qwen2": Shape("qwen2", 64, 2, 4, 2, 128, False, 10000.0, 2048, 1e-6, VOCAB,
                         qkv_bias=True),
+    "tiny-qwen3": Shape("qwen3", 64, 2, 4, 2, 128, True, 1000000.0, 2048, 1e-6, VOCAB,
+                        qk_norm=True, head_size=24),
 }
 
 
@@ -107,6 +117,9 @@ def tensor_specs(shape: Shape, vocab: int = VOCAB) -> list[TensorSpec]:
         if shape.qkv_bias:
             specs += [TensorSpec(b + f"attn_{x}.bias", (n,), "bias")
                       for x, n in (("q", q), ("k", kv), ("v", kv))]
+        if shape.qk_norm:
+            specs += [TensorSpec(b + f"attn_{x}_norm.weight", (shape.head_dim,), "norm")
+                      for x in ("k", "q")]
         specs += [TensorSpec(b + "attn_output.weight", (h, q), "matrix"),
                   TensorSpec(b + "ffn_norm.weight", (h,), "norm"),
                   TensorSpec(b + "ffn_gate.weight", (shape.intermediate, h), "matrix"),
@@ -232,6 +245,9 @@ def _add_metadata(writer: GGUFWriter, shape_name: str, shape: Shape, qtype: str,
     writer.add_head_count(shape.heads)
     writer.add_head_count_kv(shape.kv_heads)
     writer.add_rope_dimension_count(shape.head_dim)
+    if shape.head_size:
+        writer.add_key_length(shape.head_dim)
+        writer.add_value_length(shape.head_dim)
     writer.add_rope_freq_base(shape.rope_theta)
     writer.add_layer_norm_rms_eps(shape.rms_eps)
     writer.add_vocab_size(vocab)

@@ -30,9 +30,17 @@ def cache_dir() -> Path:
     return test_cache_dir()
 
 
-def _save_tiny(path: Path, *, qwen2: bool = False, **overrides: object) -> Path:
+def _save_tiny(path: Path, *, qwen2: bool = False, qwen3: bool = False,
+               **overrides: object) -> Path:
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+    )
 
     torch.manual_seed(0)
     common = dict(
@@ -56,6 +64,13 @@ def _save_tiny(path: Path, *, qwen2: bool = False, **overrides: object) -> Path:
             for layer in model.model.layers:
                 for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
                     proj.bias.normal_(0, 0.5)
+    elif qwen3:
+        # head_dim apart from hidden / heads (Qwen3's own: 128 beside 1024 / 16 in 0.6B)
+        model = Qwen3ForCausalLM(Qwen3Config(**{"head_dim": 24, **common}))
+        with torch.no_grad():  # q/k norms start at ones: make them matter
+            for layer in model.model.layers:
+                for norm in (layer.self_attn.q_norm, layer.self_attn.k_norm):
+                    norm.weight.uniform_(0.5, 1.5)
     else:
         model = LlamaForCausalLM(LlamaConfig(**common))
     model.save_pretrained(path, safe_serialization=True)
@@ -72,6 +87,13 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tiny_qwen2(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A random 2-layer Qwen2 with non-zero q/k/v biases, saved as an HF folder."""
     return _save_tiny(tmp_path_factory.mktemp("tiny-qwen2"), qwen2=True)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random 2-layer Qwen3 (per-head q/k RMSNorm, head dim 24 beside hidden 64 / 4 heads,
+    GQA 4:2), saved as an HF folder."""
+    return _save_tiny(tmp_path_factory.mktemp("tiny-qwen3"), qwen3=True)
 
 
 @pytest.fixture(scope="session")

@@ -46,7 +46,8 @@ def test_named_shapes_have_the_real_trunks() -> None:
 
 
 @pytest.mark.parametrize(("shape_name", "qtype"),
-                         [("tiny", t) for t in synthetic.GGUF_TYPES] + [("tiny-qwen2", "Q8_0")])
+                         [("tiny", t) for t in synthetic.GGUF_TYPES] + [("tiny-qwen2", "Q8_0"),
+                                                                         ("tiny-qwen3", "Q8_0")])
 def test_tiny_file_loads_and_reads_back(tmp_path: Path, shape_name: str, qtype: str) -> None:
     import gguf
     from gguf.quants import dequantize
@@ -68,6 +69,7 @@ def test_tiny_file_loads_and_reads_back(tmp_path: Path, shape_name: str, qtype: 
     assert config["tie_word_embeddings"] == shape.tied
     assert config["attention_bias"] == shape.qkv_bias
     assert config["rope_theta"] == shape.rope_theta
+    assert config["head_dim"] == shape.head_dim
     read = dict(f.weights())
     for spec in specs:
         t = stored[spec.name]

@@ -35,7 +35,8 @@ class _W4(ctypes.Structure):
 class _Layer(ctypes.Structure):
     _fields_ = [("input_norm", ctypes.c_void_p), ("post_norm", ctypes.c_void_p),
                 ("qkv", _W4), ("o", _W4), ("gate_up", _W4), ("down", _W4),
-                ("k_cache", ctypes.c_void_p), ("v_cache", ctypes.c_void_p)]
+                ("k_cache", ctypes.c_void_p), ("v_cache", ctypes.c_void_p),
+                ("q_norm", ctypes.c_void_p), ("k_norm", ctypes.c_void_p)]
 
 
 class _Step(ctypes.Structure):
@@ -132,10 +133,14 @@ class CpuDecodePlan:
                      for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)]
             if any(v is None for v in views):
                 return None
-            norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
+            norms = [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
+            if attn.q_norm is not None and attn.k_norm is not None:  # Qwen3
+                norms += [attn.q_norm.weight, attn.k_norm.weight]
             if any(w.dtype != model.dtype or not w.is_contiguous() for w in norms):
                 return None
-            layers.append(_Layer(norms[0].data_ptr(), norms[1].data_ptr(), *views, None, None))
+            head_norms = [w.data_ptr() for w in norms[2:]] or [None, None]
+            layers.append(_Layer(norms[0].data_ptr(), norms[1].data_ptr(), *views, None, None,
+                                 *head_norms))
         return cls(model, layers)
 
     def run(self, hidden: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
+                           "Qwen3ForCausalLM")
 
 # Keys of a rope dict that are not scaling parameters.
 _ROPE_NON_SCALING = {"rope_type", "type", "rope_theta"}
@@ -37,6 +38,7 @@ class ModelConfig:
     qkv_bias: bool = False
     o_bias: bool = False
     mlp_bias: bool = False
+    qk_norm: bool = False  # RMSNorm over each head of q and k before rotary (Qwen3)
     torch_dtype: str = "float32"
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
@@ -71,6 +73,7 @@ class ModelConfig:
         head_dim = cfg.get("head_dim") or hidden // num_heads
         rope_theta, rope_scaling = _rope_fields(cfg)
         is_qwen2 = arch == "Qwen2ForCausalLM"
+        is_qwen3 = arch == "Qwen3ForCausalLM"
         attention_bias = bool(cfg.get("attention_bias", False))
         return cls(
             architecture=arch,
@@ -88,7 +91,8 @@ class ModelConfig:
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             qkv_bias=True if is_qwen2 else attention_bias,
             o_bias=False if is_qwen2 else attention_bias,
-            mlp_bias=False if is_qwen2 else bool(cfg.get("mlp_bias", False)),
+            mlp_bias=False if is_qwen2 or is_qwen3 else bool(cfg.get("mlp_bias", False)),
+            qk_norm=is_qwen3,
             torch_dtype=str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32"),
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_id=cfg.get("eos_token_id"),
@@ -105,16 +109,16 @@ class ModelConfig:
 
 
 def _sliding_window(cfg: dict[str, Any], arch: str) -> int | None:
-    """Mistral's window, or Qwen2's when use_sliding_window is on; None otherwise."""
+    """Mistral's window, or Qwen2's / Qwen3's when use_sliding_window is on; None otherwise."""
     window = cfg.get("sliding_window")
-    if arch == "Qwen2ForCausalLM" and not cfg.get("use_sliding_window", False):
+    if arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM") and not cfg.get("use_sliding_window", False):
         return None
     return int(window) if window else None
 
 
 def _arch_from_model_type(model_type: str | None) -> str:
     names = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
-             "qwen2": "Qwen2ForCausalLM"}
+             "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
     return names.get(model_type or "", f"<model_type {model_type!r}>")
 
 

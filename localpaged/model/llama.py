@@ -115,6 +115,9 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=c.qkv_bias, **kw)
         self.o_proj = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=c.o_bias, **kw)
         self.qkv_proj: nn.Module | None = None  # set by fuse_projections
+        # Qwen3: each head of q and k RMS-normalized (weights over head_dim) before rotary
+        self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps, dtype, device) if c.qk_norm else None
+        self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, dtype, device) if c.qk_norm else None
 
     def fuse_projections(self) -> None:
         """Replace q/k/v with one layer computing all three (one matmul instead of three)."""
@@ -137,6 +140,9 @@ class Attention(nn.Module):
         q = q.view(t, self.num_heads, self.head_dim)
         k = k.view(t, self.num_kv_heads, self.head_dim)
         v = v.view(t, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q = self.q_norm(q.reshape(-1, self.head_dim))[0].view(t, self.num_heads, self.head_dim)
+            k = self.k_norm(k.reshape(-1, self.head_dim))[0].view(t, self.num_kv_heads, self.head_dim)
         q, k = apply_rotary(q, k, positions, cos_sin, meta.derived)
         k_cache, v_cache = kv_cache
         write_kv(k, v, k_cache, v_cache, meta.slot_mapping)

@@ -12,7 +12,7 @@ BLOCK = 8
 ATOL = 1e-5
 
 
-@pytest.fixture(params=["tiny_llama", "tiny_qwen2"])
+@pytest.fixture(params=["tiny_llama", "tiny_qwen2", "tiny_qwen3"])
 def tiny(request: pytest.FixtureRequest):
     return request.getfixturevalue(request.param)
 

@@ -94,6 +94,28 @@ def test_native_decode_matches_the_torch_layers_on_a_4bit_qwen2(tiny_qwen2: Path
     _assert_close(*_decode_step_both_ways(model, prompts), dtype)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "f32"])
+def test_native_decode_matches_the_torch_layers_on_a_4bit_qwen3(tiny_qwen3: Path,
+                                                                cpu_variant: str,
+                                                                dtype: torch.dtype,
+                                                                to_4bit: Callable) -> None:
+    """Qwen3's per-head q/k RMSNorm in the native layer: the same step as the torch layers
+    (and a plan whose layers skipped the norms would not be: checked by dropping them)."""
+    model, _ = load_model(tiny_qwen3, dtype=dtype)
+    to_4bit(model)
+    optimize_for_inference(model, torch.device("cpu"))
+    assert isinstance(model.cpu_decode, CpuDecodePlan)
+    assert all(layer.q_norm for layer in model.cpu_decode.layers)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, 500, (n,), generator=g).tolist() for n in (5, 16, 33)]
+    reference, native = _decode_step_both_ways(model, prompts)
+    _assert_close(reference, native, dtype)
+    for layer in model.cpu_decode.layers:
+        layer.q_norm = layer.k_norm = None
+    without = _decode_step_both_ways(model, prompts)[1]
+    assert (without - reference).abs().max() > 10 * (native - reference).abs().max()
+
+
 def test_plan_is_not_built_for_a_dense_checkpoint_or_without_the_kernel(
         tiny_qwen2: Path, monkeypatch: pytest.MonkeyPatch, to_4bit: Callable) -> None:
     model, _ = load_model(tiny_qwen2, dtype="float32")

@@ -30,6 +30,8 @@ struct decode_layer {
     const void *input_norm, *post_norm; /* [hidden], the model's dtype */
     struct w4_layer qkv, o, gate_up, down;
     void *k_cache, *v_cache; /* [blocks][block_size][kv_heads][head_dim], the model's dtype */
+    const void *q_norm, *k_norm; /* [head_dim] RMSNorm weights of each q and k head before
+                                  * rotary (Qwen3), the model's dtype; NULL: none */
 };
 
 struct decode_step {

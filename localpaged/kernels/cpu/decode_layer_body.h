@@ -96,6 +96,11 @@ int DL_FN(decode_layer)(const struct decode_step *s, const struct decode_layer *
     for (int m = 0; m < b; m++) {
         DL_T *qkv = wide + (size_t)m * nqkv;
         const float *cs = s->cos_sin + (size_t)m * hd;
+        if (l->q_norm != NULL) { /* each head normalized in place, as rows of head_dim */
+            DL_FN(add_rms_norm)(qkv, NULL, qkv, l->q_norm, qkv, s->heads, hd, s->eps, 1);
+            DL_FN(add_rms_norm)(qkv + nq, NULL, qkv + nq, l->k_norm, qkv + nq, s->kv_heads, hd,
+                                s->eps, 1);
+        }
         DL_FN(rotate)(qkv, s->heads, hd, cs);
         DL_FN(rotate)(qkv + nq, s->kv_heads, hd, cs);
         memcpy(q + (size_t)m * nq, qkv, sizeof(DL_T) * nq);
