@@ -66,7 +66,7 @@ def _save_tiny(path: Path, *, qwen2: bool = False, qwen3: bool = False,
                     proj.bias.normal_(0, 0.5)
     elif qwen3:
         # head_dim apart from hidden / heads (Qwen3's own: 128 beside 1024 / 16 in 0.6B)
-        model = Qwen3ForCausalLM(Qwen3Config(**{"head_dim": 24, **common}))
+        model = Qwen3ForCausalLM(Qwen3Config(**{"head_dim": 32, **common}))
         with torch.no_grad():  # q/k norms start at ones: make them matter
             for layer in model.model.layers:
                 for norm in (layer.self_attn.q_norm, layer.self_attn.k_norm):
@@ -91,7 +91,7 @@ def tiny_qwen2(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_qwen3(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A random 2-layer Qwen3 (per-head q/k RMSNorm, head dim 24 beside hidden 64 / 4 heads,
+    """A random 2-layer Qwen3 (per-head q/k RMSNorm, head dim 32 beside hidden 64 / 4 heads,
     GQA 4:2), saved as an HF folder."""
     return _save_tiny(tmp_path_factory.mktemp("tiny-qwen3"), qwen3=True)
 

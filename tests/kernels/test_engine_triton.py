@@ -21,14 +21,17 @@ def run(folder: Path, prompts: list[list[int]]) -> tuple[list[list[int]], int]:
     return first, llm.engine.stats().prefix_cache_hits
 
 
-def test_engine_on_triton_kernels_matches_torch(tiny_llama: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("fixture", ["tiny_llama", "tiny_qwen3"])
+def test_engine_on_triton_kernels_matches_torch(fixture: str, request: pytest.FixtureRequest,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = request.getfixturevalue(fixture)
     g = torch.Generator().manual_seed(3)
     prompts = [torch.randint(3, 500, (n,), generator=g).tolist() for n in (1, 17, 40)]
     monkeypatch.setenv("LOCALPAGED_KERNELS", "torch")
-    ref, _ = run(tiny_llama, prompts)
+    ref, _ = run(folder, prompts)
     monkeypatch.setenv("LOCALPAGED_KERNELS", "triton")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    got, hits = run(tiny_llama, prompts)
+    got, hits = run(folder, prompts)
     assert hits > 0
     assert got == ref
 

@@ -102,7 +102,7 @@ def _first_logprobs(folder: Path, batch: list[list[int]]) -> list:
 def test_config_reads_qwen3(tiny_qwen3: Path) -> None:
     cfg = ModelConfig.from_pretrained(tiny_qwen3)
     assert cfg.architecture == "Qwen3ForCausalLM" and cfg.qk_norm
-    assert cfg.head_dim == 24 and cfg.hidden_size // cfg.num_heads == 16
+    assert cfg.head_dim == 32 and cfg.hidden_size // cfg.num_heads == 16
     assert not cfg.qkv_bias and not cfg.o_bias and cfg.sliding_window is None
     assert not ModelConfig.from_dict({**cfg.raw, "architectures": ["Qwen2ForCausalLM"]}).qk_norm
 
