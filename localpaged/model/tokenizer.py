@@ -70,19 +70,22 @@ class Tokenizer:
 
     # -- chat -------------------------------------------------------------------------------
 
-    def render_chat(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
-        """The chat template's text for `messages` (FALLBACK_CHAT_TEMPLATE when none)."""
+    def render_chat(self, messages: Sequence[Message], add_generation_prompt: bool = True,
+                    **template_vars: Any) -> str:
+        """The chat template's text for `messages` (FALLBACK_CHAT_TEMPLATE when none);
+        `template_vars` are the template's own switches (e.g. Qwen3's `enable_thinking`)."""
         return self.hf.apply_chat_template(
             list(messages), chat_template=self.chat_template or FALLBACK_CHAT_TEMPLATE,
-            tokenize=False, add_generation_prompt=add_generation_prompt,
+            tokenize=False, add_generation_prompt=add_generation_prompt, **template_vars,
         )
 
     def apply_chat_template(
-        self, messages: Sequence[Message], add_generation_prompt: bool = True
+        self, messages: Sequence[Message], add_generation_prompt: bool = True,
+        **template_vars: Any,
     ) -> list[int]:
         """Prompt ids for `messages`. A BOS is added only when the tokenizer adds one and
         the template did not already write it (never two)."""
-        ids = self.encode(self.render_chat(messages, add_generation_prompt))
+        ids = self.encode(self.render_chat(messages, add_generation_prompt, **template_vars))
         if self.adds_bos and ids[:1] != [self.bos_token_id]:
             ids.insert(0, self.bos_token_id)
         return ids

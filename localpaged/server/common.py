@@ -8,6 +8,7 @@ from typing import Any
 
 from localpaged.engine.client import Message
 from localpaged.engine.request import SamplingParams
+from localpaged.model.thinking import ThinkingSplitter, prompt_opens_thinking, template_thinks
 from localpaged.server.errors import APIError
 from localpaged.server.streams import ServerState
 
@@ -70,8 +71,32 @@ def engine_messages(messages: list[Any], param: str = "messages") -> list[Messag
         if getattr(m, "images", None):
             raise APIError(400, "images are not supported", param=f"{param}.{i}.images")
         role = "system" if m.role == "developer" else m.role
-        out.append({"role": role, "content": flatten_content(m.content, f"{param}.{i}.content")})
+        message: Message = {"role": role, "content": flatten_content(m.content, f"{param}.{i}.content")}
+        # a past answer's thinking (OpenAI's reasoning_content, Ollama's thinking): for the
+        # chat template, whose own rule says whether the prompt shows it
+        thinking = getattr(m, "reasoning_content", None) or getattr(m, "thinking", None)
+        if thinking and role == "assistant":
+            message["reasoning_content"] = thinking
+        out.append(message)
     return out
+
+
+def thinks(state: ServerState) -> bool:
+    """Whether the loaded model is a thinking one (its chat template knows `<think>`)."""
+    return template_thinks(getattr(state.tokenizer, "chat_template", None))
+
+
+def thinking_splitter(state: ServerState, messages: list[Message],
+                      **template_vars: Any) -> ThinkingSplitter | None:
+    """A splitter of the answer to `messages` into thinking and answer when the model thinks
+    (None otherwise); it starts inside the block where the template opens it."""
+    if not thinks(state):
+        return None
+    try:
+        opened = prompt_opens_thinking(state.tokenizer.render_chat(messages, **template_vars))
+    except Exception:
+        opened = False
+    return ThinkingSplitter(opened)
 
 
 def count_chat_tokens(state: ServerState, messages: list[Message]) -> int | None:

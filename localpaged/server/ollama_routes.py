@@ -12,6 +12,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from localpaged.engine.client import Message, StreamDelta
+from localpaged.model.thinking import ThinkingSplitter
 from localpaged.server import models_view
 from localpaged.server.common import (
     check_model,
@@ -21,6 +22,8 @@ from localpaged.server.common import (
     fit_max_tokens,
     make_params,
     stop_list,
+    thinking_splitter,
+    thinks,
 )
 from localpaged.server.errors import APIError
 from localpaged.server.schemas import (
@@ -136,28 +139,46 @@ def _load_reply(model: str, keep_alive: float | None, chat: bool) -> dict[str, A
 
 
 async def _respond(gen: Generation, request: Request, model: str, stream: bool,
-                   chat: bool) -> Any:
-    def piece(text: str) -> dict[str, Any]:
+                   chat: bool, splitter: ThinkingSplitter | None = None,
+                   think: bool | None = None) -> Any:
+    """The answer as Ollama writes it; a thinking model's block goes to `thinking` (left out
+    where the request said `think: false`)."""
+    def piece(text: str, thought: str = "") -> dict[str, Any]:
         body: dict[str, Any] = {"model": model, "created_at": now_iso()}
         if chat:
             body["message"] = {"role": "assistant", "content": text}
+            if thought and think is not False:
+                body["message"]["thinking"] = thought
         else:
             body["response"] = text
+            if thought and think is not False:
+                body["thinking"] = thought
         return body
+
+    def split(text: str, final: bool) -> tuple[str, str]:
+        if splitter is None:
+            return "", text
+        thought, answer = splitter.feed(text)
+        if final:
+            rest = splitter.flush()
+            thought, answer = thought + rest[0], answer + rest[1]
+        return thought, answer
 
     if not stream:
         text, last, _ = await gen.collect_until_disconnect(request)
         if last.finish_reason == "error":
             raise APIError(500, f"engine error: {last.error or 'unknown'}")
-        return JSONResponse({**piece(text), "done": True, **_final_fields(gen, last)})
+        thought, answer = split(text, True)
+        return JSONResponse({**piece(answer, thought), "done": True, **_final_fields(gen, last)})
 
     async def lines() -> AsyncIterator[str]:
         async for d in gen.deltas():
             if d.finish_reason == "error":
                 yield _ndjson({"error": f"engine error: {d.error or 'unknown'}"})
                 return
-            if d.text:
-                yield _ndjson({**piece(d.text), "done": False})
+            thought, answer = split(d.text, d.finished)
+            if answer or (thought and think is not False):
+                yield _ndjson({**piece(answer, thought), "done": False})
             if d.finished:
                 yield _ndjson({**piece(""), "done": True, **_final_fields(gen, d)})
 
@@ -175,9 +196,27 @@ async def chat(body: OllamaChatRequest, request: Request) -> Any:
     if not body.messages:
         return _load_reply(body.model, keep_alive, chat=True)
     messages = engine_messages(body.messages)
-    params = _params(state, body.options, count_chat_tokens(state, messages))
+    gen, splitter = await _chat_generation(state, body.model, messages, body.options, body.think)
+    return await _respond(gen, request, body.model, body.stream, chat=True, splitter=splitter,
+                          think=body.think)
+
+
+async def _chat_generation(state: ServerState, model: str, messages: list[Message],
+                           options: OllamaOptions | None, think: bool | None,
+                           ) -> tuple[Generation, ThinkingSplitter | None]:
+    """The generation for `messages` through the chat template, and the splitter of its
+    thinking: `think: false` renders the template with `enable_thinking` off (Qwen3's switch;
+    a template without one thinks anyway, and the thinking is left out of the answer)."""
+    if think and not thinks(state):
+        raise APIError(400, f"{model!r} does not support thinking", param="think")
+    if think is False and thinks(state):
+        ids = state.tokenizer.apply_chat_template(messages, enable_thinking=False)
+        params = _params(state, options, len(ids))
+        gen = await start_generation(state, "ollama", prompt=ids, params=params)
+        return gen, thinking_splitter(state, messages, enable_thinking=False)
+    params = _params(state, options, count_chat_tokens(state, messages))
     gen = await start_generation(state, "ollama", messages=messages, params=params)
-    return await _respond(gen, request, body.model, body.stream, chat=True)
+    return gen, thinking_splitter(state, messages)
 
 
 @router.post("/generate")
@@ -206,8 +245,10 @@ async def generate(body: OllamaGenerateRequest, request: Request) -> Any:
         if body.system:
             messages.append({"role": "system", "content": body.system})
         messages.append({"role": "user", "content": prompt_text})
-        params = _params(state, body.options, count_chat_tokens(state, messages))
-        gen = await start_generation(state, "ollama", messages=messages, params=params)
+        gen, splitter = await _chat_generation(state, body.model, messages, body.options,
+                                               body.think)
+        return await _respond(gen, request, body.model, body.stream, chat=False,
+                              splitter=splitter, think=body.think)
     return await _respond(gen, request, body.model, body.stream, chat=False)
 
 

@@ -12,6 +12,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from localpaged.engine.client import StreamDelta
+from localpaged.model.thinking import ThinkingSplitter
 from localpaged.server.common import (
     check_model,
     count_chat_tokens,
@@ -21,6 +22,7 @@ from localpaged.server.common import (
     make_params,
     served_names,
     stop_list,
+    thinking_splitter,
     token_text,
 )
 from localpaged.server.errors import APIError, error_body
@@ -130,6 +132,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
         frequency_penalty=body.frequency_penalty, top_k=body.top_k, min_p=body.min_p,
         repetition_penalty=body.repetition_penalty,
         logprobs=(body.top_logprobs or 0) if body.logprobs else None)
+    splitter = thinking_splitter(state, messages)  # a thinking model's block apart
     gen = await start_generation(state, "openai", messages=messages, params=params,
                                  session_id=body.user, prompt_param="messages")
     cid = f"chatcmpl-{uuid.uuid4().hex}"
@@ -139,8 +142,13 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
         if last.finish_reason == "error":
             raise APIError(500, f"engine error: {last.error or 'unknown'}")
         logprobs = _merge_chat_logprobs([_chat_logprobs(state, d) for d in deltas])
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if splitter is not None:
+            thought, answer = splitter.feed(text)
+            rest = splitter.flush()
+            message.update(content=answer + rest[1], reasoning_content=(thought + rest[0]) or None)
         return {"id": cid, "object": "chat.completion", "created": created, "model": body.model,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                "choices": [{"index": 0, "message": message,
                              "logprobs": logprobs, "finish_reason": last.finish_reason}],
                 "usage": _usage(last)}
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -162,7 +170,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
                 yield _sse(error_body("/v1", 500, f"engine error: {d.error or 'unknown'}"))
                 break
             if d.text or d.logprobs or d.finished:
-                yield _sse(chunk({"content": d.text} if d.text else {},
+                yield _sse(chunk(_delta(splitter, d.text, d.finished),
                                  d.finish_reason if d.finished else None,
                                  _chat_logprobs(state, d)))
         if include_usage and last is not None:
@@ -171,6 +179,23 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
         yield "data: [DONE]\n\n"
 
     return GenerationResponse(events(), gen, "text/event-stream")
+
+
+def _delta(splitter: ThinkingSplitter | None, text: str, finished: bool) -> dict[str, Any]:
+    """A stream chunk's delta: the text as content, or for a thinking model its thinking as
+    `reasoning_content` and its answer as `content` (DeepSeek's and vLLM's fields)."""
+    if splitter is None:
+        return {"content": text} if text else {}
+    thought, answer = splitter.feed(text)
+    if finished:
+        rest = splitter.flush()
+        thought, answer = thought + rest[0], answer + rest[1]
+    out: dict[str, Any] = {}
+    if thought:
+        out["reasoning_content"] = thought
+    if answer:
+        out["content"] = answer
+    return out
 
 
 def _completion_logprobs(state: ServerState, delta: StreamDelta,

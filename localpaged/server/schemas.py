@@ -26,6 +26,7 @@ class ChatMessage(_Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    reasoning_content: str | None = None  # a past answer's thinking (thinking models)
 
 
 class StreamOptions(_Body):
@@ -98,6 +99,7 @@ class OllamaMessage(_Body):
     role: Literal["system", "user", "assistant", "tool"]
     content: str | None = ""
     images: list[str] | None = None
+    thinking: str | None = None  # a past answer's thinking (thinking models)
 
 
 class OllamaChatRequest(_Body):
@@ -105,6 +107,7 @@ class OllamaChatRequest(_Body):
 
     model: str
     messages: list[OllamaMessage] = Field(default_factory=list)
+    think: bool | None = None  # thinking models: False asks the template not to think
     stream: bool = True
     format: str | dict[str, Any] | None = None
     options: OllamaOptions | None = None
@@ -126,6 +129,7 @@ class OllamaGenerateRequest(_Body):
     options: OllamaOptions | None = None
     keep_alive: KeepAlive = None
     images: list[str] | None = None
+    think: bool | None = None  # thinking models: False asks the template not to think
 
 
 class OllamaModelRequest(_Body):
