@@ -113,6 +113,11 @@ class Tokenizer:
         # Where the history ends in the full text (a template that is not prefix-stable, or
         # trims the answer, makes this the longest common prefix).
         start = _common_prefix_len(covered, full)
+        if covered[start:].strip():
+            # The template rewrote the history, not only its whitespace (a thinking model's
+            # drops the thinking of past answers): its own rendering is the prompt, and the
+            # prefix cache still reuses the blocks up to where the two agree.
+            return self.apply_chat_template(history + new)
         if history_ids and history_ids[-1] in self._special_ids():
             # The answer ended in a special token (eos / end of turn): skip its text if the
             # template writes the same token next (after whitespace it may have trimmed).

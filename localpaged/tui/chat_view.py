@@ -10,8 +10,9 @@ from textual import events, on
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
-from textual.widgets import Button, Label, Markdown, Static, TextArea
+from textual.widgets import Button, Collapsible, Label, Markdown, Static, TextArea
 
+from localpaged.model.thinking import OPEN, ThinkingSplitter, split_thinking
 from localpaged.tui.history import StoredMessage
 from localpaged.tui.session import ChatSession, ContextOverflow
 
@@ -48,8 +49,17 @@ class PromptInput(TextArea):
             await super()._on_key(event)
 
 
+def thinking_and_answer(message: StoredMessage) -> tuple[str, str]:
+    """A saved answer's thinking block (folded in the view) and its answer; user messages and
+    answers without a block are all answer."""
+    if message.role != "assistant" or not message.content.lstrip().startswith(OPEN):
+        return "", message.content
+    return split_thinking(message.content)
+
+
 class MessageView(Vertical):
-    """One message: a role line and its Markdown body."""
+    """One message: a role line, a thinking model's thinking folded (a toggle opens it), and
+    its Markdown body."""
 
     DEFAULT_CSS = """
     MessageView { height: auto; margin: 0 1 1 1; }
@@ -59,17 +69,30 @@ class MessageView(Vertical):
     MessageView .incomplete { color: $warning; }
     MessageView Markdown { margin: 0; padding: 0 0 0 2; }
     MessageView Markdown > MarkdownBlock:last-child { margin-bottom: 0; }
+    MessageView Collapsible { margin: 0 0 0 2; padding: 0; border: none; }
+    MessageView Collapsible .thought { color: $text-muted; text-style: italic; }
     """
 
     def __init__(self, message: StoredMessage, *, streaming: bool = False) -> None:
         super().__init__(classes=message.role)
         self.message = message
         self.streaming = streaming  # the body starts empty and is fed by a MarkdownStream
+        self.thought, self.answer = ("", "") if streaming else thinking_and_answer(message)
 
     def compose(self) -> ComposeResult:
         yield Label("You" if self.message.role == "user" else "Assistant", classes="role")
-        yield Markdown("" if self.streaming else self.message.content)
+        thinking = Collapsible(Static(self.thought, classes="thought"), title="Thinking",
+                               collapsed=True)
+        thinking.display = bool(self.thought)
+        yield thinking
+        yield Markdown(self.answer)
         yield Label(self._note(), classes="incomplete")
+
+    def add_thinking(self, text: str) -> None:
+        """More of a streaming answer's thinking (shown folded)."""
+        self.thought += text
+        self.query_one(".thought", Static).update(self.thought)
+        self.query_one(Collapsible).display = True
 
     def _note(self) -> str:
         if self.streaming and self.message.status == "streaming":
@@ -184,6 +207,7 @@ class ChatView(Vertical):
         log = self.query_one("#log", ChatLog)
         view: MessageView | None = None
         stream = None
+        splitter: ThinkingSplitter | None = None
         try:
             turn = self.session.stream_turn(client, app.tokenizer, app.max_model_len)
             async with aclosing(turn) as deltas:
@@ -193,8 +217,20 @@ class ChatView(Vertical):
                         await log.mount(view)
                         stream = Markdown.get_stream(view.body)
                         self.post_message(self.BusyChanged(self))
+                        if self.session.thinks:
+                            splitter = ThinkingSplitter(self.session.thinking_opened)
                     assert stream is not None
-                    await stream.write(delta.text)
+                    if splitter is None:
+                        await stream.write(delta.text)
+                    else:
+                        thought, answer = splitter.feed(delta.text)
+                        if delta.finished:
+                            rest = splitter.flush()
+                            thought, answer = thought + rest[0], answer + rest[1]
+                        if thought:
+                            view.add_thinking(thought)
+                        if answer:
+                            await stream.write(answer)
                     if delta.finished and delta.finish_reason == "error":
                         await stream.write(f"\n\n**Error:** {delta.error}")
                     log.scroll_end(animate=False)
@@ -266,5 +302,5 @@ class ChatView(Vertical):
     def last_answer(self) -> str | None:
         for m in reversed(self.session.messages):
             if m.role == "assistant":
-                return m.content
+                return thinking_and_answer(m)[1]  # without a thinking model's thinking
         return None

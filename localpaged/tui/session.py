@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from localpaged.engine.client import EngineClient, Message, StreamDelta
 from localpaged.engine.request import SamplingParams
+from localpaged.model.thinking import OPEN, prompt_opens_thinking, template_thinks
 from localpaged.tui.history import Conversation, History, StoredMessage
 
 SAVE_EVERY_S = 0.5  # a streaming answer is saved at least this often
@@ -68,6 +69,17 @@ class TurnStats:
     output_tokens: int = 0
 
 
+def _thinking_of(tokenizer: Any, messages: list[Message]) -> tuple[bool, bool]:
+    """(the model thinks, the prompt for `messages` opens the block) from its tokenizer's
+    chat template; (False, False) without one (a remote model's answers are shown as sent)."""
+    if not template_thinks(getattr(tokenizer, "chat_template", None)):
+        return False, False
+    try:
+        return True, prompt_opens_thinking(tokenizer.render_chat(messages))
+    except Exception:
+        return True, False
+
+
 class ContextOverflow(ValueError):
     """The prompt does not fit in the context."""
 
@@ -92,6 +104,8 @@ class ChatSession:
     ids: list[int] | None = None  # exact ids of the conversation after the last complete turn
     stats: TurnStats = field(default_factory=TurnStats)
     request_id: str | None = None  # set while an answer streams
+    thinks: bool = False  # the model thinks before it answers (its template knows <think>)
+    thinking_opened: bool = False  # the last prompt opened the thinking block itself
     _turn_start_ids: list[int] | None = None  # `ids` before the last turn's user message
     _last_prompt_ids: list[int] | None = None
 
@@ -234,13 +248,18 @@ class ChatSession:
             raise ContextOverflow(len(prompt), max_model_len)
         request_id = f"tab{self.conv_id}-{uuid.uuid4().hex[:8]}"
         session_id = f"conv-{self.conv_id}"
+        self.thinks, self.thinking_opened = _thinking_of(tokenizer, self.chat_messages())
         if prompt is not None:
             stream = client.generate(prompt, params, request_id=request_id, session_id=session_id)
         else:
             stream = client.chat(self.chat_messages(), params, request_id=request_id,
                                  session_id=session_id)
-        answer = StoredMessage(self.history.add_message(self.conv_id, "assistant", "", "streaming"),
-                               "assistant", "", "streaming")
+        # where the template opened the thinking block, the answer keeps the tag too (the
+        # saved chat shows and re-renders it as the model's whole answer)
+        start_text = OPEN + "\n" if self.thinking_opened else ""
+        answer = StoredMessage(self.history.add_message(self.conv_id, "assistant", start_text,
+                                                        "streaming"),
+                               "assistant", start_text, "streaming")
         self.messages.append(answer)
         self.request_id = request_id
         self.stats = TurnStats()

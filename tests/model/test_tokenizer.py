@@ -180,3 +180,24 @@ def test_smollm_tokenizer(smollm_hf_dir: Path) -> None:
     for answer in ("The capital of France is Paris.", "Paris 🙂\n\nIt's lovely!"):
         _check_next_turn(tok, answer, "And of Italy?", eos=True)
         _check_next_turn(tok, answer, "And of Italy?", eos=False)
+
+
+def test_next_turn_follows_a_template_that_drops_past_thinking(hf_tokenizers) -> None:
+    """A thinking model's template leaves the thinking of past answers out of the prompt:
+    the next turn is the template's own rendering (not the exact ids, which hold the thinking),
+    and its tokens up to the past answer are the previous prompt's (what the prefix cache
+    reuses)."""
+    from tests.model.test_thinking import QWEN3_LIKE
+
+    tok = Tokenizer(hf_tokenizers["qwen"])
+    tok.chat_template = QWEN3_LIKE
+    history = [CHAT[1]]
+    prompt = tok.apply_chat_template(history)
+    answer = "<think>\nThe user wants a capital.\n</think>\n\nParis."
+    history_ids = prompt + tok.encode(answer) + [tok.eos_token_ids[0]]
+    history.append({"role": "assistant", "content": answer})
+    new = [{"role": "user", "content": "Thanks"}]
+    got = tok.next_turn_ids(history_ids, history, new)
+    assert got == tok.apply_chat_template(history + new)
+    assert "The user wants" not in tok.decode(got, False)
+    assert got[: len(prompt)] == prompt

@@ -94,3 +94,28 @@ def test_sidebar(snap_compare, tmp_path: Path, fresh_client) -> None:
 
     assert snap_compare(app_with_history(tmp_path, fresh_client), terminal_size=SIZE,
                         run_before=open_sidebar)
+
+
+THOUGHT = "<think>\nThe user asks why the sky is blue. Rayleigh scattering: short waves.\n</think>\n\n"
+
+
+def test_thinking_folded(snap_compare, tmp_path: Path, fresh_client) -> None:
+    """A saved answer of a thinking model: its thinking folded under a toggle, the answer
+    apart; a second answer with its thinking opened."""
+    history = History(tmp_path / "history.sqlite3")
+    c = history.create("Blue sky", model=fresh_client.model_name)
+    history.add_message(c, "user", "Why is the sky blue?")
+    history.add_message(c, "assistant", THOUGHT + "Air scatters **blue** light the most.")
+    history.add_message(c, "user", "And sunsets?")
+    history.add_message(c, "assistant", "<think>\nLong path, blue scattered away.\n</think>\n\n"
+                                        "The light crosses more air, so red is left.")
+    history.set_open_tabs([c])
+
+    async def open_second(pilot: Pilot) -> None:
+        await no_blink(pilot)
+        titles = list(pilot.app.screen.query("CollapsibleTitle"))
+        await pilot.click(titles[-1])
+        await no_blink(pilot)
+
+    assert snap_compare(ChatApp(history, client=fresh_client, owns_client=False),
+                        terminal_size=SIZE, run_before=open_second)
