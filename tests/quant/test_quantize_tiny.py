@@ -93,7 +93,8 @@ def our_logits(folder: Path, ids: list[int], dtype: str = "float32") -> torch.Te
     return model.compute_logits(hidden)
 
 
-@pytest.fixture(scope="module", params=[("tiny_llama", v) for v in VARIANTS] + [("tiny_qwen2", "awq")],
+@pytest.fixture(scope="module", params=[("tiny_llama", v) for v in VARIANTS]
+                + [("tiny_qwen2", "awq"), ("tiny_qwen3", "awq"), ("tiny_qwen3", "gptq-asym-actorder")],
                 ids=lambda p: f"{p[0]}-{p[1]}")
 def quantized(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     from transformers import AutoModelForCausalLM
