@@ -29,7 +29,8 @@ class _W4(ctypes.Structure):
                 ("k", ctypes.c_int), ("n", ctypes.c_int), ("group_size", ctypes.c_int),
                 ("codes8", ctypes.c_void_p), ("scales8", ctypes.c_void_p),
                 ("offsets8", ctypes.c_void_p), ("block8", ctypes.c_int), ("quads", ctypes.c_int),
-                ("high", ctypes.c_void_p), ("zero_point", ctypes.c_int)]
+                ("high", ctypes.c_void_p), ("zero_point", ctypes.c_int),
+                ("perm", ctypes.c_void_p)]
 
 
 class _Layer(ctypes.Structure):
@@ -84,7 +85,7 @@ def _six_bit(linear: Any, dtype: torch.dtype) -> _W4 | None:
 def _w4(linear: Any, dtype: torch.dtype) -> _W4 | None:
     """The C view of a QuantLinear on the own kernel (or of int8 blocks, or 6-bit), or None
     if it is none of them."""
-    if getattr(linear, "w4_packed", None) is None or linear.perm is not None:
+    if getattr(linear, "w4_packed", None) is None:
         return _int8_blocks(linear, dtype) or _six_bit(linear, dtype)
     bias = linear.bias
     if bias is not None and bias.dtype != linear.dtype:
@@ -95,9 +96,13 @@ def _w4(linear: Any, dtype: torch.dtype) -> _W4 | None:
     quads = cpu_w4.is_quads(linear.w4_packed)
     if quads and not cpu_w4.quads_wanted(dtype):
         return None
+    perm = None
+    if linear.perm is not None:  # act-order GPTQ: the kernel gathers x in the weight's order
+        linear.perm_i32 = linear.perm.to(torch.int32).contiguous()  # kept alive by the layer
+        perm = linear.perm_i32.data_ptr()
     return _W4(linear.w4_packed.data_ptr(), linear.w4_sb.data_ptr(),
                bias.data_ptr() if bias is not None else None, k, linear.out_features,
-               k // linear.w4_sb.shape[1], quads=int(quads))
+               k // linear.w4_sb.shape[1], quads=int(quads), perm=perm)
 
 
 class CpuDecodePlan:

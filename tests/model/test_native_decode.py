@@ -233,3 +233,39 @@ def test_native_decode_takes_iq4_nl_layers(tmp_path: Path, cpu_variant: str,
     vocab = model.config.vocab_size
     prompts = [torch.randint(3, vocab, (n,), generator=g).tolist() for n in (6, 19, 2)]
     _assert_close(*_decode_step_both_ways(model, prompts), dtype)
+
+
+@pytest.fixture(scope="module")
+def act_order_gptq(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Qwen3 quantized by the project's GPTQ with act-order (g_idx not monotone)."""
+    from transformers import AutoModelForCausalLM
+
+    from localpaged.quant.calibrate import calibration_ids, quantize_model
+    from localpaged.quant.writer import save_quantized
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_qwen3, dtype=torch.float32)
+    g = torch.Generator().manual_seed(1)
+    ids = calibration_ids(torch.randint(3, 512, (256,), generator=g).tolist(), 64)
+    layers = quantize_model(model, ids, "gptq", 32, sym=False, act_order=True,
+                            progress=lambda _m: None)
+    return save_quantized(model, layers, tmp_path_factory.mktemp("gptq-act-order"), "gptq", 32,
+                          sym=False, act_order=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "f32"])
+def test_native_decode_takes_act_order_gptq(act_order_gptq: Path, cpu_variant: str,
+                                            dtype: torch.dtype) -> None:
+    """Act-order GPTQ layers (their input channels permuted) stay on the native decode layer,
+    which gathers x in the weight's column order, agreeing with the torch layers."""
+    from localpaged.quant.linear import QuantLinear
+
+    model, _ = load_model(act_order_gptq, dtype=dtype)
+    optimize_for_inference(model, torch.device("cpu"))
+    qkv = model.model.layers[0].self_attn.qkv_proj
+    if not isinstance(qkv, QuantLinear) or qkv.w4_packed is None:
+        pytest.skip("the layers are not on the own 4-bit kernel here")
+    assert qkv.perm is not None and not torch.equal(qkv.perm, torch.arange(qkv.in_features))
+    assert isinstance(model.cpu_decode, CpuDecodePlan)
+    g = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(3, 500, (n,), generator=g).tolist() for n in (5, 16, 33)]
+    _assert_close(*_decode_step_both_ways(model, prompts), dtype)

@@ -24,6 +24,8 @@ struct w4_layer {
     int quads; /* `packed` in the quads layout (int8_dot.c: every build, through w6_gemm) */
     const uint8_t *high; /* the 6-bit layout's top bits (int8_dot.c; quads), or NULL */
     int zero_point;      /* the form of sb (int8_dot.c; quads): 0, > 0 or I8_KQ */
+    const int32_t *perm; /* act-order GPTQ: column i of the weight is input channel perm[i]
+                          * (x is gathered in that order first); NULL: in order */
 };
 
 struct decode_layer {

@@ -46,9 +46,19 @@ static void DL_FN(silu_and_mul)(const DL_T *gate_up, DL_T *out, int rows, int in
 }
 
 static int DL_FN(linear)(const struct w4_layer *w, const DL_T *x, DL_T *y, int rows, int threads) {
+    DL_T *gathered = NULL;
+    if (w->perm != NULL) { /* act-order: the input channels in the weight's column order */
+        gathered = malloc(sizeof(DL_T) * (size_t)rows * w->k);
+        if (gathered == NULL) return -1;
+        for (int m = 0; m < rows; m++)
+            for (int i = 0; i < w->k; i++)
+                gathered[(size_t)m * w->k + i] = x[(size_t)m * w->k + w->perm[i]];
+        x = gathered;
+    }
     int rc = w->codes8 != NULL ? DL_FN(q8_linear)(w, x, y, rows, threads)
              : w->quads      ? DL_FN(w4q_linear)(w, x, y, rows, threads)
                              : DL_FN(w4_gemm)(x, w->packed, w->sb, y, rows, w->k, w->n, w->group_size, threads);
+    free(gathered);
     if (rc == 0 && w->bias != NULL)
         for (int m = 0; m < rows; m++)
             for (int j = 0; j < w->n; j++) {
