@@ -43,7 +43,8 @@ DEFAULT_OUT = Path.home() / ".cache" / "localpaged-bench" / "synthetic"
 VOCAB = 49152  # SmolLM2's tokenizer, used for every shape
 INIT_STD = 0.02
 GGUF_TYPES = ("F16", "Q8_0", "Q4_0", "Q4_1")  # written here; others go through llama.cpp
-LLAMACPP_TYPES = ("Q4_K_M", "Q4_K_S", "Q5_K_M", "Q5_K_S", "Q6_K", "Q3_K_M", "Q2_K")
+LLAMACPP_TYPES = ("Q4_K_M", "Q4_K_S", "Q5_K_M", "Q5_K_S", "Q6_K", "Q3_K_M", "Q2_K", "IQ4_XS",
+                  "IQ4_NL")
 CHUNK_ELEMENTS = 1 << 24  # rows generated and quantized per step: bounds the temporaries
 
 
