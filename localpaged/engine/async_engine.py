@@ -186,7 +186,7 @@ class AsyncEngine:
         delivered = stream._put(StreamDelta(
             out.request_id, out.new_text, out.new_token_ids, out.finished, out.finish_reason,
             out.num_prompt_tokens, out.num_cached_tokens, out.num_output_tokens,
-            out.logprobs or None))
+            out.logprobs or None, embedding=out.embedding))
         if not delivered and not out.finished:
             self.engine.abort(out.request_id)
             self._streams.pop(out.request_id, None)
@@ -225,6 +225,21 @@ class LocalClient:
              request_id: str | None = None, session_id: str | None = None) -> RequestStream:
         ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
         return self.generate(ids, params, request_id=request_id, session_id=session_id)
+
+    async def embed(self, prompt: Prompt, *, request_id: str | None = None
+                    ) -> tuple[list[float], int]:
+        """The normalized last-token hidden state of `prompt` (an embedding model's vector)
+        and the prompt's token count. It is scheduled with the chats, in the same steps, and a
+        cached prefix serves it too. Raises ValueError for a bad prompt, RuntimeError when the
+        engine fails it."""
+        stream = self.generate(prompt, SamplingParams(max_tokens=1, embed=True),
+                               request_id=request_id)
+        async for delta in stream:
+            if delta.finished:
+                if delta.embedding is None:
+                    raise RuntimeError(delta.error or f"embedding ended: {delta.finish_reason}")
+                return delta.embedding, delta.num_prompt_tokens
+        raise RuntimeError("the engine ended the embedding request without a vector")
 
     async def abort(self, request_id: str) -> None:
         self.async_engine.post_abort(request_id)

@@ -36,6 +36,7 @@ class StreamDelta:
     num_output_tokens: int = 0
     logprobs: list[Logprob] | None = None
     error: str | None = None
+    embedding: list[float] | None = None  # the answer to an embedding request
 
 
 @dataclass

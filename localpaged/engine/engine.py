@@ -44,6 +44,7 @@ class StepOutput:
     num_cached_tokens: int
     num_output_tokens: int
     logprobs: list[Logprob] = field(default_factory=list)
+    embedding: list[float] | None = None  # an embedding request's vector (it ends with it)
 
 
 class LLMEngine:
@@ -159,11 +160,16 @@ class LLMEngine:
         self.steps += 1
         shape = step_shape(sched)
         started = self.clock()
-        sampled, logprobs = self.runner.execute(sched, self.kv)
+        sampled, logprobs, embeddings = self.runner.execute(sched, self.kv)
         if self.device.type == "cuda":  # a step that samples nothing returns before the GPU is done
             torch.cuda.synchronize(self.device)
         finished = {r.request_id for r in self.scheduler.update_from_output(sched, sampled)}
         outputs = []
+        for rid, vector in embeddings.items():  # read its prompt: done, no token
+            r = self.scheduler.finish_request(rid, RequestStatus.FINISHED_STOPPED)
+            if r is not None:
+                outputs.append(StepOutput(rid, [], "", True, "stop", r.num_prompt_tokens,
+                                          r.num_cached_tokens, 0, [], vector))
         for s in sched.scheduled:
             r = s.request
             rid = r.request_id

@@ -55,6 +55,23 @@ class LLM:
                    for c in convs]
         return self.generate(prompts, sampling_params)
 
+    def embed(self, prompts: PromptInput | Sequence[PromptInput]) -> list[list[float]]:
+        """Each prompt's normalized last-token hidden state (a decoder embedding model's
+        vector), in prompt order."""
+        if isinstance(prompts, (str, dict)):
+            prompts = [prompts]
+        params = SamplingParams(max_tokens=1, embed=True)
+        encoded = [self._encode(p) for p in prompts]
+        for ids in encoded:
+            self.engine.validate(ids, params)
+        order = [self.engine.add_request(ids, params).request_id for ids in encoded]
+        vectors: dict[str, list[float]] = {}
+        while self.engine.has_unfinished_requests():
+            for out in self.engine.step():
+                if out.embedding is not None:
+                    vectors[out.request_id] = out.embedding
+        return [vectors[rid] for rid in order]
+
     def _encode(self, prompt: PromptInput) -> list[int]:
         if isinstance(prompt, dict):
             if "prompt_token_ids" in prompt:

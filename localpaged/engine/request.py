@@ -30,6 +30,9 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None
+    # An embedding request: the prompt's last-token hidden state (after the final norm),
+    # L2-normalized, instead of tokens (decoder embedding models: Qwen3-Embedding's pooling)
+    embed: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

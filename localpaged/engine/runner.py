@@ -35,9 +35,10 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput, kv: KVCacheManager
-                ) -> tuple[dict[str, int], dict[str, Logprob]]:
+                ) -> tuple[dict[str, int], dict[str, Logprob], dict[str, list[float]]]:
         """Compute the scheduled chunks; sample for the requests whose chunk ends at their last
-        token. Returns {request_id: token} and {request_id: logprob} for those."""
+        token. Returns {request_id: token} and {request_id: logprob} for those, and for the
+        embedding requests among them {request_id: normalized last hidden state}."""
         bs = self.block_size
         input_ids: list[int] = []
         positions: list[int] = []
@@ -47,6 +48,8 @@ class ModelRunner:
         tables: list[list[int]] = []
         sample_rows: list[int] = []
         samplers = []
+        embed_rows: list[int] = []
+        embedders: list[str] = []
         for s in out.scheduled:
             r = s.request
             start, end = r.num_computed_tokens, r.num_computed_tokens + s.num_new_tokens
@@ -57,7 +60,10 @@ class ModelRunner:
             query_start.append(query_start[-1] + s.num_new_tokens)
             seq_lens.append(end)
             tables.append(blocks)
-            if s.samples:
+            if s.samples and r.params.embed:
+                embed_rows.append(query_start[-1] - 1)
+                embedders.append(r.request_id)
+            elif s.samples:
                 sample_rows.append(query_start[-1] - 1)
                 samplers.append(s.request)
         width = max(len(t) for t in tables)
@@ -77,8 +83,13 @@ class ModelRunner:
             self.kv_caches,
             meta,
         )
+        embeddings: dict[str, list[float]] = {}
+        if embed_rows:
+            last = hidden[torch.tensor(embed_rows, device=dev)].float()
+            vectors = torch.nn.functional.normalize(last, dim=-1).cpu()
+            embeddings = dict(zip(embedders, vectors.tolist()))
         if not sample_rows:
-            return {}, {}
+            return {}, {}, embeddings
         logits = self.model.compute_logits(hidden[torch.tensor(sample_rows, device=dev)]).float().cpu()
         rows = [
             SamplingRow(r.params, r.prompt_token_ids, r.output_token_ids,
@@ -87,4 +98,4 @@ class ModelRunner:
         ]
         tokens, logprobs = sample(logits, rows)
         ids = [r.request_id for r in samplers]
-        return dict(zip(ids, tokens)), (dict(zip(ids, logprobs)) if logprobs else {})
+        return dict(zip(ids, tokens)), (dict(zip(ids, logprobs)) if logprobs else {}), embeddings

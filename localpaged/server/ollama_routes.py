@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from localpaged.engine.client import Message, StreamDelta
 from localpaged.model.thinking import ThinkingSplitter
-from localpaged.server import models_view
+from localpaged.server import embeddings, models_view
 from localpaged.server.common import (
     check_model,
     count_chat_tokens,
@@ -28,6 +28,8 @@ from localpaged.server.common import (
 from localpaged.server.errors import APIError
 from localpaged.server.schemas import (
     OllamaChatRequest,
+    OllamaEmbeddingsRequest,
+    OllamaEmbedRequest,
     OllamaGenerateRequest,
     OllamaModelRequest,
     OllamaOptions,
@@ -250,6 +252,33 @@ async def generate(body: OllamaGenerateRequest, request: Request) -> Any:
         return await _respond(gen, request, body.model, body.stream, chat=False,
                               splitter=splitter, think=body.think)
     return await _respond(gen, request, body.model, body.stream, chat=False)
+
+
+@router.post("/embed")
+async def embed(body: OllamaEmbedRequest, request: Request) -> dict[str, Any]:
+    state = _state(request)
+    check_model(state, body.model)
+    _keep_alive(state, body.keep_alive)
+    start = time.perf_counter()
+    inputs = [body.input] if isinstance(body.input, str) else list(body.input)
+    if not inputs:
+        raise APIError(400, "input is empty")
+    vectors, tokens = await embeddings.embed(state, inputs, dimensions=body.dimensions,
+                                             truncate=body.truncate)
+    return {"model": body.model, "embeddings": vectors,
+            "total_duration": int((time.perf_counter() - start) * 1e9), "load_duration": 0,
+            "prompt_eval_count": tokens}
+
+
+@router.post("/embeddings")
+async def embeddings_legacy(body: OllamaEmbeddingsRequest, request: Request) -> dict[str, Any]:
+    state = _state(request)
+    check_model(state, body.model)
+    _keep_alive(state, body.keep_alive)
+    if not body.prompt:  # Ollama answers an empty prompt with an empty vector
+        return {"embedding": []}
+    vectors, _ = await embeddings.embed(state, [body.prompt], truncate=True, param="prompt")
+    return {"embedding": vectors[0]}
 
 
 @router.get("/version")

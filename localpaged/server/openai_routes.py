@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse
 
 from localpaged.engine.client import StreamDelta
 from localpaged.model.thinking import ThinkingSplitter
+from localpaged.server import embeddings
 from localpaged.server.common import (
     check_model,
     count_chat_tokens,
@@ -31,6 +32,7 @@ from localpaged.server.schemas import (
     ChatCompletionRequest,
     Completion,
     CompletionRequest,
+    EmbeddingRequest,
     ErrorResponse,
     ModelCard,
     ModelList,
@@ -179,6 +181,19 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
         yield "data: [DONE]\n\n"
 
     return GenerationResponse(events(), gen, "text/event-stream")
+
+
+@router.post("/embeddings", summary="Embeddings of one input or a batch")
+async def create_embeddings(body: EmbeddingRequest, request: Request) -> dict[str, Any]:
+    state = _state(request)
+    check_model(state, body.model)
+    vectors, tokens = await embeddings.embed(state, embeddings.as_inputs(body.input),
+                                             dimensions=body.dimensions)
+    encode = embeddings.base64_floats if body.encoding_format == "base64" else list
+    return {"object": "list", "model": body.model,
+            "data": [{"object": "embedding", "index": i, "embedding": encode(v)}
+                     for i, v in enumerate(vectors)],
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
 
 
 def _delta(splitter: ThinkingSplitter | None, text: str, finished: bool) -> dict[str, Any]:

@@ -63,6 +63,16 @@ class ChatCompletionRequest(_Sampling):
     response_format: dict[str, Any] | None = None
 
 
+class EmbeddingRequest(_Body):
+    """POST /v1/embeddings."""
+
+    model: str
+    input: Any
+    dimensions: int | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    user: str | None = None
+
+
 class CompletionRequest(_Sampling):
     """POST /v1/completions; `suffix` asks for fill-in-the-middle."""
 
@@ -130,6 +140,26 @@ class OllamaGenerateRequest(_Body):
     keep_alive: KeepAlive = None
     images: list[str] | None = None
     think: bool | None = None  # thinking models: False asks the template not to think
+
+
+class OllamaEmbedRequest(_Body):
+    """POST /api/embed."""
+
+    model: str
+    input: str | list[str]
+    truncate: bool = True
+    dimensions: int | None = None
+    keep_alive: KeepAlive = None
+    options: OllamaOptions | None = None
+
+
+class OllamaEmbeddingsRequest(_Body):
+    """POST /api/embeddings (Ollama's older endpoint: one prompt, `embedding`)."""
+
+    model: str
+    prompt: str
+    keep_alive: KeepAlive = None
+    options: OllamaOptions | None = None
 
 
 class OllamaModelRequest(_Body):

@@ -145,3 +145,37 @@ def test_chunks_cut_by_the_step_bound_give_the_same_tokens(model_and_reference: 
     assert steps[1e-3] > steps[0]
     # Offline batches read prompts at the whole budget unless a bound is asked for.
     assert LLM(str(folder), dtype="float32").engine.scheduler.time_bound is None
+
+
+@pytest.mark.parametrize("fixture", ["tiny_llama", "tiny_qwen3"])
+def test_embeddings_equal_transformers_and_batch_with_generation(
+        fixture: str, request: pytest.FixtureRequest) -> None:
+    """Embedding requests (the normalized last-token hidden state) beside generating ones in
+    the same steps: each vector is transformers' base model's (cosine >= 0.9999), a prompt
+    whose prefix is cached gets the same vector, and the generation's tokens are unchanged."""
+    from transformers import AutoModel
+
+    folder = request.getfixturevalue(fixture)
+    batch = prompts(6)
+    llm = LLM(str(folder), dtype="float32", block_size=16, max_num_batched_tokens=32)
+    alone = llm.generate([{"prompt_token_ids": p} for p in batch[:3]], GREEDY)
+    vectors = llm.embed([{"prompt_token_ids": p} for p in batch])
+    engine = llm.engine
+    rids = [engine.add_request(p, GREEDY).request_id for p in batch[:3]]
+    embed_ids = [engine.add_request(p, SamplingParams(max_tokens=1, embed=True)).request_id
+                 for p in batch]
+    tokens: dict[str, list[int]] = {r: [] for r in rids}
+    mixed: dict[str, list[float]] = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.embedding is not None:
+                mixed[out.request_id] = out.embedding
+            elif out.request_id in tokens:
+                tokens[out.request_id] += out.new_token_ids
+    assert [tokens[r] for r in rids] == [o.outputs[0].token_ids for o in alone]
+    hf = AutoModel.from_pretrained(folder, dtype=torch.float32).eval()
+    for p, v, rid in zip(batch, vectors, embed_ids, strict=True):
+        with torch.no_grad():
+            ref = torch.nn.functional.normalize(hf(torch.tensor([p])).last_hidden_state[0, -1], dim=-1)
+        assert float(torch.dot(torch.tensor(v), ref)) >= 0.9999
+        assert float(torch.dot(torch.tensor(mixed[rid]), ref)) >= 0.9999  # from the cache
