@@ -122,6 +122,18 @@ class LLMEngine:
         bad = next((t for t in prompt_ids if not (isinstance(t, int) and 0 <= t < vocab)), None)
         if bad is not None:
             raise ValueError(f"prompt token id {bad!r} is out of range [0, {vocab})")
+        if params.grammar is not None:
+            self.grammar_backend().compile(params.grammar)  # a bad schema fails here
+
+    def grammar_backend(self) -> Any:
+        """The constrained-decoding backend (built at the first constrained request)."""
+        if self.runner.grammar is None:
+            if self.tokenizer is None:
+                raise ValueError("constrained output needs the model's tokenizer")
+            from localpaged.engine.grammar import GrammarBackend
+
+            self.runner.grammar = GrammarBackend(self.tokenizer.hf, self.model_config.vocab_size)
+        return self.runner.grammar
 
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None, *,
                     request_id: str | None = None, session_id: str | None = None) -> Request:

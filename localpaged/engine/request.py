@@ -6,6 +6,7 @@ import enum
 import itertools
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -33,6 +34,8 @@ class SamplingParams:
     # An embedding request: the prompt's last-token hidden state (after the final norm),
     # L2-normalized, instead of tokens (decoder embedding models: Qwen3-Embedding's pooling)
     embed: bool = False
+    # Constrained output (localpaged.engine.grammar.GrammarSpec: a JSON schema or any JSON)
+    grammar: Any = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

@@ -3,6 +3,7 @@ sample. Owns the KV cache tensors (the block pool only hands out their indices).
 
 from __future__ import annotations
 
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -23,9 +24,31 @@ class ModelRunner:
         self.device = device
         self.kv_caches = model.allocate_kv_caches(num_blocks, block_size, device=device)
         self.generators: dict[str, torch.Generator] = {}
+        self.grammar: Any = None  # a GrammarBackend, set by the engine for constrained requests
+        self.matchers: dict[str, Any] = {}  # request id -> its grammar matcher
+        self._masker: ThreadPoolExecutor | None = None
 
     def release(self, request_id: str) -> None:
         self.generators.pop(request_id, None)
+        self.matchers.pop(request_id, None)
+
+    def _matcher(self, request: Any) -> Any:
+        m = self.matchers.get(request.request_id)
+        if m is None:
+            m = self.matchers[request.request_id] = self.grammar.matcher(request.params.grammar)
+            for token in request.output_token_ids:  # a preempted request resumes its state
+                m.accept_token(token)
+        return m
+
+    def _start_masks(self, samplers: list[Any]) -> Future | None:
+        """The bitmask of the step's constrained rows, computed in a thread while the forward
+        pass runs (None when no row is constrained)."""
+        rows = {i: self._matcher(r) for i, r in enumerate(samplers) if r.params.grammar is not None}
+        if not rows:
+            return None
+        if self._masker is None:
+            self._masker = ThreadPoolExecutor(1, thread_name_prefix="localpaged-grammar")
+        return self._masker.submit(self.grammar.fill_masks, len(samplers), rows)
 
     def _generator(self, request_id: str, seed: int | None) -> torch.Generator:
         g = self.generators.get(request_id)
@@ -68,6 +91,7 @@ class ModelRunner:
                 samplers.append(s.request)
         width = max(len(t) for t in tables)
         dev = self.device
+        masks = self._start_masks(samplers)
         meta = AttentionMetadata(
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
             block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables],
@@ -91,6 +115,8 @@ class ModelRunner:
         if not sample_rows:
             return {}, {}, embeddings
         logits = self.model.compute_logits(hidden[torch.tensor(sample_rows, device=dev)]).float().cpu()
+        if masks is not None:
+            self.grammar.apply(logits, masks.result())
         rows = [
             SamplingRow(r.params, r.prompt_token_ids, r.output_token_ids,
                         None if r.params.greedy else self._generator(r.request_id, r.params.seed))
@@ -98,4 +124,7 @@ class ModelRunner:
         ]
         tokens, logprobs = sample(logits, rows)
         ids = [r.request_id for r in samplers]
+        for r, token in zip(samplers, tokens):
+            if r.params.grammar is not None:
+                self.matchers[r.request_id].accept_token(token)
         return dict(zip(ids, tokens)), (dict(zip(ids, logprobs)) if logprobs else {}), embeddings

@@ -7,6 +7,7 @@ import re
 from typing import Any
 
 from localpaged.engine.client import Message
+from localpaged.engine.grammar import GrammarSpec
 from localpaged.engine.request import SamplingParams
 from localpaged.model.thinking import ThinkingSplitter, prompt_opens_thinking, template_thinks
 from localpaged.server.errors import APIError
@@ -79,6 +80,53 @@ def engine_messages(messages: list[Any], param: str = "messages") -> list[Messag
             message["reasoning_content"] = thinking
         out.append(message)
     return out
+
+
+def checked_grammar(state: ServerState, spec: GrammarSpec | None, param: str) -> GrammarSpec | None:
+    """`spec` once the engine has compiled it (a 400 naming `param` if the schema is not
+    usable, or where the engine is remote)."""
+    if spec is None:
+        return None
+    engine = getattr(state.client, "engine", None)
+    if engine is None or not hasattr(engine, "grammar_backend"):
+        raise APIError(400, "structured output needs the model served here (not a remote "
+                       "engine)", param=param)
+    try:
+        engine.grammar_backend().compile(spec)
+    except ValueError as exc:
+        raise APIError(400, str(exc), param=param) from exc
+    return spec
+
+
+def openai_grammar(state: ServerState, response_format: dict[str, Any] | None
+                   ) -> GrammarSpec | None:
+    """OpenAI's `response_format` as a grammar: `text` none, `json_object` any JSON object,
+    `json_schema` its `json_schema.schema` (strict or not, the output follows it)."""
+    kind = (response_format or {}).get("type")
+    if kind in (None, "text"):
+        return None
+    if kind == "json_object":
+        return checked_grammar(state, GrammarSpec.json_object(), "response_format")
+    if kind == "json_schema":
+        schema = ((response_format or {}).get("json_schema") or {}).get("schema")
+        if not isinstance(schema, dict):
+            raise APIError(400, "response_format.json_schema.schema must be a JSON schema "
+                           "object", param="response_format")
+        return checked_grammar(state, GrammarSpec.json_schema(schema), "response_format")
+    raise APIError(400, f"response_format type {kind!r} is not supported (text, json_object, "
+                   "json_schema)", param="response_format")
+
+
+def ollama_grammar(state: ServerState, fmt: str | dict[str, Any] | None) -> GrammarSpec | None:
+    """Ollama's `format`: "json" (a JSON object) or a JSON schema; empty is none."""
+    if fmt in (None, "", {}):
+        return None
+    if fmt == "json":
+        return checked_grammar(state, GrammarSpec.json_object(), "format")
+    if isinstance(fmt, dict):
+        return checked_grammar(state, GrammarSpec.json_schema(fmt), "format")
+    raise APIError(400, f"format {fmt!r} is not supported: give \"json\" or a JSON schema",
+                   param="format")
 
 
 def thinks(state: ServerState) -> bool:

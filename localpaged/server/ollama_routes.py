@@ -12,6 +12,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from localpaged.engine.client import Message, StreamDelta
+from localpaged.engine.grammar import GrammarSpec
 from localpaged.model.thinking import ThinkingSplitter
 from localpaged.server import embeddings, models_view
 from localpaged.server.common import (
@@ -21,6 +22,7 @@ from localpaged.server.common import (
     engine_messages,
     fit_max_tokens,
     make_params,
+    ollama_grammar,
     stop_list,
     thinking_splitter,
     thinks,
@@ -100,12 +102,8 @@ def _keep_alive(state: ServerState, value: str | float | None) -> float | None:
     return seconds
 
 
-def _check_format(fmt: str | dict[str, Any] | None) -> None:
-    if fmt not in (None, "", {}):
-        raise APIError(400, "format (structured JSON output) is not supported by this server")
-
-
-def _params(state: ServerState, options: OllamaOptions | None, prompt_tokens: int | None) -> Any:
+def _params(state: ServerState, options: OllamaOptions | None, prompt_tokens: int | None,
+            grammar: GrammarSpec | None = None) -> Any:
     o = options or OllamaOptions()
     num_predict = o.num_predict if o.num_predict is not None and o.num_predict > 0 else None
     max_tokens = fit_max_tokens(state, prompt_tokens, num_predict, strict=False)
@@ -116,7 +114,7 @@ def _params(state: ServerState, options: OllamaOptions | None, prompt_tokens: in
         top_k=40 if o.top_k is None else o.top_k,
         min_p=o.min_p, seed=o.seed, stop=stop_list(o.stop),
         repetition_penalty=o.repeat_penalty, presence_penalty=o.presence_penalty,
-        frequency_penalty=o.frequency_penalty)
+        frequency_penalty=o.frequency_penalty, grammar=grammar)
 
 
 def _final_fields(gen: Generation, last: StreamDelta) -> dict[str, Any]:
@@ -192,19 +190,21 @@ async def chat(body: OllamaChatRequest, request: Request) -> Any:
     state = _state(request)
     check_model(state, body.model)
     keep_alive = _keep_alive(state, body.keep_alive)
-    _check_format(body.format)
+    grammar = ollama_grammar(state, body.format)
     if body.tools:
         raise APIError(400, f"{body.model} does not support tools")
     if not body.messages:
         return _load_reply(body.model, keep_alive, chat=True)
     messages = engine_messages(body.messages)
-    gen, splitter = await _chat_generation(state, body.model, messages, body.options, body.think)
+    gen, splitter = await _chat_generation(state, body.model, messages, body.options, body.think,
+                                           grammar)
     return await _respond(gen, request, body.model, body.stream, chat=True, splitter=splitter,
                           think=body.think)
 
 
 async def _chat_generation(state: ServerState, model: str, messages: list[Message],
                            options: OllamaOptions | None, think: bool | None,
+                           grammar: GrammarSpec | None = None,
                            ) -> tuple[Generation, ThinkingSplitter | None]:
     """The generation for `messages` through the chat template, and the splitter of its
     thinking: `think: false` renders the template with `enable_thinking` off (Qwen3's switch;
@@ -213,10 +213,10 @@ async def _chat_generation(state: ServerState, model: str, messages: list[Messag
         raise APIError(400, f"{model!r} does not support thinking", param="think")
     if think is False and thinks(state):
         ids = state.tokenizer.apply_chat_template(messages, enable_thinking=False)
-        params = _params(state, options, len(ids))
+        params = _params(state, options, len(ids), grammar)
         gen = await start_generation(state, "ollama", prompt=ids, params=params)
         return gen, thinking_splitter(state, messages, enable_thinking=False)
-    params = _params(state, options, count_chat_tokens(state, messages))
+    params = _params(state, options, count_chat_tokens(state, messages), grammar)
     gen = await start_generation(state, "ollama", messages=messages, params=params)
     return gen, thinking_splitter(state, messages)
 
@@ -226,7 +226,7 @@ async def generate(body: OllamaGenerateRequest, request: Request) -> Any:
     state = _state(request)
     check_model(state, body.model)
     keep_alive = _keep_alive(state, body.keep_alive)
-    _check_format(body.format)
+    grammar = ollama_grammar(state, body.format)
     if body.images:
         raise APIError(400, "images are not supported")
     prompt_text = body.prompt or ""
@@ -240,7 +240,7 @@ async def generate(body: OllamaGenerateRequest, request: Request) -> Any:
     elif not prompt_text:
         return _load_reply(body.model, keep_alive, chat=False)
     elif body.raw:
-        params = _params(state, body.options, count_text_tokens(state, prompt_text))
+        params = _params(state, body.options, count_text_tokens(state, prompt_text), grammar)
         gen = await start_generation(state, "ollama", prompt=prompt_text, params=params)
     else:
         messages: list[Message] = []
@@ -248,7 +248,7 @@ async def generate(body: OllamaGenerateRequest, request: Request) -> Any:
             messages.append({"role": "system", "content": body.system})
         messages.append({"role": "user", "content": prompt_text})
         gen, splitter = await _chat_generation(state, body.model, messages, body.options,
-                                               body.think)
+                                               body.think, grammar)
         return await _respond(gen, request, body.model, body.stream, chat=False,
                               splitter=splitter, think=body.think)
     return await _respond(gen, request, body.model, body.stream, chat=False)

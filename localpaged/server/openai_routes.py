@@ -21,6 +21,7 @@ from localpaged.server.common import (
     engine_messages,
     fit_max_tokens,
     make_params,
+    openai_grammar,
     served_names,
     stop_list,
     thinking_splitter,
@@ -117,9 +118,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     _check_common(body)
     if body.tools:
         raise APIError(400, "tools are not supported by this server", param="tools")
-    if body.response_format and body.response_format.get("type") not in (None, "text"):
-        raise APIError(400, "response_format other than text is not supported",
-                       param="response_format")
+    grammar = openai_grammar(state, body.response_format)
     if body.top_logprobs is not None and not body.logprobs:
         raise APIError(400, "top_logprobs requires logprobs=true", param="top_logprobs")
     messages = engine_messages(body.messages)
@@ -133,7 +132,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
         stop=stop_list(body.stop), presence_penalty=body.presence_penalty,
         frequency_penalty=body.frequency_penalty, top_k=body.top_k, min_p=body.min_p,
         repetition_penalty=body.repetition_penalty,
-        logprobs=(body.top_logprobs or 0) if body.logprobs else None)
+        logprobs=(body.top_logprobs or 0) if body.logprobs else None, grammar=grammar)
     splitter = thinking_splitter(state, messages)  # a thinking model's block apart
     gen = await start_generation(state, "openai", messages=messages, params=params,
                                  session_id=body.user, prompt_param="messages")

@@ -105,7 +105,12 @@ def test_context_overflow_says_both_counts(base_url: str, model_name: str,
     ({"max_tokens": 0}, "max_tokens"),
     ({"presence_penalty": 9}, "presence_penalty"),
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"response_format": {"type": "json_schema",
+                          "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}},
+     "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+     "response_format"),
+    ({"response_format": {"type": "xml"}}, "response_format"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
      "messages.0.content"),
 ])
@@ -126,7 +131,8 @@ def test_unsupported_values_completions(base_url: str, model_name: str) -> None:
 
 
 def test_unsupported_values_ollama(base_url: str, model_name: str) -> None:
-    for body in ({"format": "json"}, {"options": {"top_p": 0}}, {"images": ["aGk="]}):
+    for body in ({"format": "yaml"}, {"format": {"type": "nonsense"}},
+                 {"options": {"top_p": 0}}, {"images": ["aGk="]}):
         _ollama_error(_post(base_url, "/api/generate",
                             {"model": model_name, "prompt": "x", **body}), 400)
 
