@@ -151,7 +151,18 @@ class RemoteClient:
             self._cached_tokens += turn.cached
         text = ""
         for choice in chunk.get("choices") or []:
-            text += (choice.get("delta") or {}).get("content") or choice.get("text") or ""
+            delta = choice.get("delta") or {}
+            # a thinking model's reasoning (localpaged, vLLM, DeepSeek: reasoning_content;
+            # newer vLLM: reasoning) comes back as the block the model wrote
+            thought = delta.get("reasoning_content") or delta.get("reasoning") or ""
+            content = delta.get("content") or choice.get("text") or ""
+            if thought:
+                text += ("" if turn.thinking else "<think>\n") + thought
+                turn.thinking = True
+            if content and turn.thinking:
+                text += "\n</think>\n\n"
+                turn.thinking = False
+            text += content
             if choice.get("finish_reason"):
                 turn.finish = "length" if choice["finish_reason"] == "length" else "stop"
         if not text:
@@ -168,6 +179,7 @@ class _Turn:
     cached: int = 0
     output: int = 0
     finish: str | None = None
+    thinking: bool = False  # inside a reasoning block
 
 
 def _openai_params(p: SamplingParams) -> dict[str, Any]:

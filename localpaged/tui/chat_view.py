@@ -217,7 +217,8 @@ class ChatView(Vertical):
                         await log.mount(view)
                         stream = Markdown.get_stream(view.body)
                         self.post_message(self.BusyChanged(self))
-                        if self.session.thinks:
+                        if self.session.thinks or delta.text.lstrip().startswith(OPEN):
+                            # (a remote thinking model's answer starts with its block)
                             splitter = ThinkingSplitter(self.session.thinking_opened)
                     assert stream is not None
                     if splitter is None:

@@ -128,3 +128,24 @@ def test_think_is_refused_for_a_model_that_does_not_think(base_url: str,
                       ).chat.completions.create(model=model_name, messages=MESSAGES,
                                                 max_tokens=4, temperature=0)
     assert "reasoning_content" not in (r.choices[0].message.model_extra or {})
+
+
+def test_the_remote_client_gets_the_block_back(thinking_server: tuple[str, Any]) -> None:
+    """`localpaged chat --remote` on a thinking model: the reasoning deltas come back as the
+    block the model wrote, so the chat app splits and folds it as it does locally."""
+    from localpaged.engine.remote import RemoteClient
+    from localpaged.engine.request import SamplingParams
+
+    url, client = thinking_server
+    want = split_thinking(_raw(client, url, client.model_name), opened=True)
+
+    async def run() -> str:
+        remote = RemoteClient(url)
+        try:
+            params = SamplingParams(max_tokens=NEW, temperature=0)
+            return "".join([d.text async for d in remote.chat(MESSAGES, params)])
+        finally:
+            await remote.close()
+
+    text = asyncio.run(run())
+    assert text.startswith("<think>\n") and split_thinking(text) == want
