@@ -215,10 +215,12 @@ async def _chat_generation(state: ServerState, model: str, messages: list[Messag
         ids = state.tokenizer.apply_chat_template(messages, enable_thinking=False)
         params = _params(state, options, len(ids), grammar)
         gen = await start_generation(state, "ollama", prompt=ids, params=params)
-        return gen, thinking_splitter(state, messages, enable_thinking=False)
+        splitter = thinking_splitter(state, messages, enable_thinking=False)
+        return gen, splitter if grammar is None else None
     params = _params(state, options, count_chat_tokens(state, messages), grammar)
     gen = await start_generation(state, "ollama", messages=messages, params=params)
-    return gen, thinking_splitter(state, messages)
+    # under a grammar the answer is its JSON from the first token: nothing to split
+    return gen, thinking_splitter(state, messages) if grammar is None else None
 
 
 @router.post("/generate")

@@ -133,7 +133,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
         frequency_penalty=body.frequency_penalty, top_k=body.top_k, min_p=body.min_p,
         repetition_penalty=body.repetition_penalty,
         logprobs=(body.top_logprobs or 0) if body.logprobs else None, grammar=grammar)
-    splitter = thinking_splitter(state, messages)  # a thinking model's block apart
+    # a thinking model's block apart (not under a grammar: the answer is its JSON from the
+    # first token)
+    splitter = thinking_splitter(state, messages) if grammar is None else None
     gen = await start_generation(state, "openai", messages=messages, params=params,
                                  session_id=body.user, prompt_param="messages")
     cid = f"chatcmpl-{uuid.uuid4().hex}"

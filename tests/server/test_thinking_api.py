@@ -149,3 +149,18 @@ def test_the_remote_client_gets_the_block_back(thinking_server: tuple[str, Any])
 
     text = asyncio.run(run())
     assert text.startswith("<think>\n") and split_thinking(text) == want
+
+
+def test_structured_output_of_a_thinking_model_is_the_answer(
+        thinking_server: tuple[str, Any]) -> None:
+    """Under a schema the answer is its JSON from the first token (even where the template
+    opened a thinking block): all of it is content, none reasoning."""
+    url, client = thinking_server
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    r = httpx.post(url + "/v1/chat/completions", json={
+        "model": client.model_name, "messages": MESSAGES, "max_tokens": 40, "temperature": 0,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}})
+    message = r.json()["choices"][0]["message"]
+    assert json.loads(message["content"])["ok"] in (True, False)
+    assert not message.get("reasoning_content")
