@@ -22,19 +22,23 @@ import torch
 @dataclass(frozen=True)
 class GrammarSpec:
     """What a request's output must be: `json` (any JSON object) or `json_schema` (the JSON
-    text of a schema)."""
+    text of a schema), between the literal texts `prefix` and `suffix` (a tool call's tags)."""
 
     kind: str
     schema: str | None = None
+    prefix: str = ""
+    suffix: str = ""
 
     @classmethod
     def json_object(cls) -> GrammarSpec:
         return cls("json")
 
     @classmethod
-    def json_schema(cls, schema: dict[str, Any] | str) -> GrammarSpec:
+    def json_schema(cls, schema: dict[str, Any] | str, prefix: str = "",
+                    suffix: str = "") -> GrammarSpec:
         """The schema as given (its property order is the output's)."""
-        return cls("json_schema", schema if isinstance(schema, str) else json.dumps(schema))
+        return cls("json_schema", schema if isinstance(schema, str) else json.dumps(schema),
+                   prefix, suffix)
 
 
 class GrammarBackend:
@@ -58,8 +62,17 @@ class GrammarBackend:
             schema = spec.schema if spec.kind == "json_schema" else '{"type": "object"}'
             try:
                 json.loads(schema or "")
-                self.compiled[spec] = self.compiler.compile_json_schema(
-                    schema, any_whitespace=False, strict_mode=True)
+                if spec.prefix or spec.suffix:  # literal text around the JSON
+                    g = self.xgr.Grammar
+                    parts = [g.from_json_schema(schema, any_whitespace=False, strict_mode=True)]
+                    if spec.prefix:
+                        parts.insert(0, g.from_ebnf(f"root ::= {json.dumps(spec.prefix)}"))
+                    if spec.suffix:
+                        parts.append(g.from_ebnf(f"root ::= {json.dumps(spec.suffix)}"))
+                    self.compiled[spec] = self.compiler.compile_grammar(g.concat(*parts))
+                else:
+                    self.compiled[spec] = self.compiler.compile_json_schema(
+                        schema, any_whitespace=False, strict_mode=True)
             except Exception as exc:  # xgrammar raises RuntimeError / ValueError variously
                 why = re.sub(r"^\[[\d:]+\] \S+:\d+: ", "", str(exc).strip())  # its log prefix
                 raise ValueError(f"the JSON schema is not usable: {why}") from None

@@ -3,6 +3,7 @@ sampling parameters and token strings."""
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -10,6 +11,7 @@ from localpaged.engine.client import Message
 from localpaged.engine.grammar import GrammarSpec
 from localpaged.engine.request import SamplingParams
 from localpaged.model.thinking import ThinkingSplitter, prompt_opens_thinking, template_thinks
+from localpaged.model.tool_calls import call_schema, call_text_bounds, template_calls_tools
 from localpaged.server.errors import APIError
 from localpaged.server.streams import ServerState
 
@@ -67,8 +69,6 @@ def engine_messages(messages: list[Any], param: str = "messages") -> list[Messag
     """Request messages as the engine's `{"role", "content"}` dicts (developer -> system)."""
     out: list[Message] = []
     for i, m in enumerate(messages):
-        if m.role == "tool":
-            raise APIError(400, "tool messages are not supported", param=f"{param}.{i}.role")
         if getattr(m, "images", None):
             raise APIError(400, "images are not supported", param=f"{param}.{i}.images")
         role = "system" if m.role == "developer" else m.role
@@ -78,8 +78,63 @@ def engine_messages(messages: list[Any], param: str = "messages") -> list[Messag
         thinking = getattr(m, "reasoning_content", None) or getattr(m, "thinking", None)
         if thinking and role == "assistant":
             message["reasoning_content"] = thinking
+        if getattr(m, "tool_calls", None) and role == "assistant":
+            message["tool_calls"] = [_template_call(c, f"{param}.{i}.tool_calls") for c in m.tool_calls]
+        if getattr(m, "tool_call_id", None):
+            message["tool_call_id"] = m.tool_call_id
         out.append(message)
     return out
+
+
+def _template_call(call: Any, param: str) -> dict[str, Any]:
+    """A request's tool call (OpenAI's: arguments a JSON string; Ollama's: an object) as chat
+    templates take it: arguments an object."""
+    f = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(f, dict) or not isinstance(f.get("name"), str):
+        raise APIError(400, "a tool call needs function.name", param=param)
+    args = f.get("arguments", {})
+    if isinstance(args, str):
+        try:
+            args = json.loads(args or "{}")
+        except json.JSONDecodeError as exc:
+            raise APIError(400, f"tool call arguments are not JSON: {exc}", param=param) from exc
+    return {"type": "function", "function": {"name": f["name"], "arguments": args}}
+
+
+def tool_setup(state: ServerState, tools: list[Any] | None, choice: Any
+               ) -> tuple[list[dict[str, Any]] | None, GrammarSpec | None]:
+    """(the tools for the chat template, the grammar forcing a call) of a request: None, None
+    without tools or with `tool_choice: none`; a grammar for `required` or a named function.
+    A 400 for tools on a model whose template takes none, malformed tools, or an unknown name."""
+    if not tools or choice == "none":
+        return None, None
+    if not template_calls_tools(getattr(state.tokenizer, "chat_template", None)):
+        raise APIError(400, f"{state.client.model_name!r} does not support tools (its chat "
+                       "template writes no tool calls)", param="tools")
+    names = []
+    for i, t in enumerate(tools):
+        f = t.get("function") if isinstance(t, dict) else None
+        if not isinstance(f, dict) or not isinstance(f.get("name"), str) or not f["name"]:
+            raise APIError(400, "each tool needs type 'function' and function.name",
+                           param=f"tools.{i}")
+        if "parameters" in f and not isinstance(f["parameters"], dict):
+            raise APIError(400, "function.parameters must be a JSON schema object",
+                           param=f"tools.{i}")
+        names.append(f["name"])
+    name: str | None = None
+    if isinstance(choice, dict):
+        name = (choice.get("function") or {}).get("name")
+        if name not in names:
+            raise APIError(400, f"tool_choice names {name!r}, which is not among the tools "
+                           f"({', '.join(names)})", param="tool_choice")
+    elif choice not in (None, "auto", "required"):
+        raise APIError(400, f"tool_choice {choice!r} is not one of none, auto, required or a "
+                       "named function", param="tool_choice")
+    if name is None and choice != "required":
+        return list(tools), None
+    prefix, suffix = call_text_bounds()
+    grammar = GrammarSpec.json_schema(call_schema(list(tools), name), prefix, suffix)
+    return list(tools), checked_grammar(state, grammar, "tool_choice")
 
 
 def checked_grammar(state: ServerState, spec: GrammarSpec | None, param: str) -> GrammarSpec | None:

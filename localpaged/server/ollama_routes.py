@@ -14,6 +14,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from localpaged.engine.client import Message, StreamDelta
 from localpaged.engine.grammar import GrammarSpec
 from localpaged.model.thinking import ThinkingSplitter
+from localpaged.model.tool_calls import ToolStream
+from localpaged.model.tool_calls import parse as parse_calls
 from localpaged.server import embeddings, models_view
 from localpaged.server.common import (
     check_model,
@@ -26,6 +28,7 @@ from localpaged.server.common import (
     stop_list,
     thinking_splitter,
     thinks,
+    tool_setup,
 )
 from localpaged.server.errors import APIError
 from localpaged.server.schemas import (
@@ -140,7 +143,7 @@ def _load_reply(model: str, keep_alive: float | None, chat: bool) -> dict[str, A
 
 async def _respond(gen: Generation, request: Request, model: str, stream: bool,
                    chat: bool, splitter: ThinkingSplitter | None = None,
-                   think: bool | None = None) -> Any:
+                   think: bool | None = None, calls: ToolStream | None = None) -> Any:
     """The answer as Ollama writes it; a thinking model's block goes to `thinking` (left out
     where the request said `think: false`)."""
     def piece(text: str, thought: str = "") -> dict[str, Any]:
@@ -164,10 +167,20 @@ async def _respond(gen: Generation, request: Request, model: str, stream: bool,
             thought, answer = thought + rest[0], answer + rest[1]
         return thought, answer
 
+    def with_calls(body: dict[str, Any], found: list[Any]) -> dict[str, Any]:
+        if found:
+            body["message"]["tool_calls"] = [
+                {"function": {"name": c.name, "arguments": c.arguments}} for c in found]
+        return body
+
     if not stream:
         text, last, _ = await gen.collect_until_disconnect(request)
         if last.finish_reason == "error":
             raise APIError(500, f"engine error: {last.error or 'unknown'}")
+        if calls is not None:
+            content, found = parse_calls(text)
+            return JSONResponse({**with_calls(piece(content), found), "done": True,
+                                 **_final_fields(gen, last)})
         thought, answer = split(text, True)
         return JSONResponse({**piece(answer, thought), "done": True, **_final_fields(gen, last)})
 
@@ -176,6 +189,16 @@ async def _respond(gen: Generation, request: Request, model: str, stream: bool,
             if d.finish_reason == "error":
                 yield _ndjson({"error": f"engine error: {d.error or 'unknown'}"})
                 return
+            if calls is not None:
+                shown = calls.feed(d.text)
+                if shown:
+                    yield _ndjson({**piece(shown), "done": False})
+                if d.finished:
+                    rest, found = calls.finish()
+                    if rest or found:
+                        yield _ndjson({**with_calls(piece(rest), found), "done": False})
+                    yield _ndjson({**piece(""), "done": True, **_final_fields(gen, d)})
+                continue
             thought, answer = split(d.text, d.finished)
             if answer or (thought and think is not False):
                 yield _ndjson({**piece(answer, thought), "done": False})
@@ -191,11 +214,16 @@ async def chat(body: OllamaChatRequest, request: Request) -> Any:
     check_model(state, body.model)
     keep_alive = _keep_alive(state, body.keep_alive)
     grammar = ollama_grammar(state, body.format)
-    if body.tools:
-        raise APIError(400, f"{body.model} does not support tools")
+    tools, _ = tool_setup(state, body.tools, "auto")
     if not body.messages:
         return _load_reply(body.model, keep_alive, chat=True)
     messages = engine_messages(body.messages)
+    if tools is not None:  # the tools through the template; calls read back from the answer
+        ids = state.tokenizer.apply_chat_template(messages, tools=tools)
+        gen = await start_generation(state, "ollama", prompt=ids,
+                                     params=_params(state, body.options, len(ids), grammar))
+        return await _respond(gen, request, body.model, body.stream, chat=True,
+                              calls=ToolStream())
     gen, splitter = await _chat_generation(state, body.model, messages, body.options, body.think,
                                            grammar)
     return await _respond(gen, request, body.model, body.stream, chat=True, splitter=splitter,

@@ -13,6 +13,8 @@ from fastapi.responses import JSONResponse
 
 from localpaged.engine.client import StreamDelta
 from localpaged.model.thinking import ThinkingSplitter
+from localpaged.model.tool_calls import ToolCall, ToolStream
+from localpaged.model.tool_calls import parse as parse_calls
 from localpaged.server import embeddings
 from localpaged.server.common import (
     check_model,
@@ -26,6 +28,7 @@ from localpaged.server.common import (
     stop_list,
     thinking_splitter,
     token_text,
+    tool_setup,
 )
 from localpaged.server.errors import APIError, error_body
 from localpaged.server.schemas import (
@@ -116,13 +119,23 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     state = _state(request)
     check_model(state, body.model)
     _check_common(body)
-    if body.tools:
-        raise APIError(400, "tools are not supported by this server", param="tools")
+    tools, call_grammar = tool_setup(state, body.tools, body.tool_choice)
     grammar = openai_grammar(state, body.response_format)
+    if grammar is not None and call_grammar is not None:
+        raise APIError(400, "a forced tool call and response_format cannot both hold",
+                       param="tool_choice")
+    grammar = grammar or call_grammar
     if body.top_logprobs is not None and not body.logprobs:
         raise APIError(400, "top_logprobs requires logprobs=true", param="top_logprobs")
     messages = engine_messages(body.messages)
-    prompt_tokens = count_chat_tokens(state, messages)
+    prompt_ids = None
+    if tools is not None:  # the tools through the template: the prompt is rendered here
+        try:
+            prompt_ids = state.tokenizer.apply_chat_template(messages, tools=tools)
+        except Exception as exc:
+            raise APIError(400, f"the model's chat template rejected the tools: {exc}",
+                           param="tools") from exc
+    prompt_tokens = len(prompt_ids) if prompt_ids is not None else count_chat_tokens(state, messages)
     requested = body.max_completion_tokens if body.max_completion_tokens is not None \
         else body.max_tokens
     param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
@@ -135,9 +148,14 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
         logprobs=(body.top_logprobs or 0) if body.logprobs else None, grammar=grammar)
     # a thinking model's block apart (not under a grammar: the answer is its JSON from the
     # first token)
-    splitter = thinking_splitter(state, messages) if grammar is None else None
-    gen = await start_generation(state, "openai", messages=messages, params=params,
-                                 session_id=body.user, prompt_param="messages")
+    splitter = thinking_splitter(state, messages) if grammar is None and tools is None else None
+    if prompt_ids is not None:
+        gen = await start_generation(state, "openai", prompt=prompt_ids, params=params,
+                                     session_id=body.user, prompt_param="messages")
+    else:
+        gen = await start_generation(state, "openai", messages=messages, params=params,
+                                     session_id=body.user, prompt_param="messages")
+    calls = ToolStream() if tools is not None else None
     cid = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     if not body.stream:
@@ -146,13 +164,19 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
             raise APIError(500, f"engine error: {last.error or 'unknown'}")
         logprobs = _merge_chat_logprobs([_chat_logprobs(state, d) for d in deltas])
         message: dict[str, Any] = {"role": "assistant", "content": text}
+        finish = last.finish_reason
         if splitter is not None:
             thought, answer = splitter.feed(text)
             rest = splitter.flush()
             message.update(content=answer + rest[1], reasoning_content=(thought + rest[0]) or None)
+        if calls is not None:
+            content, found = parse_calls(text)
+            if found:
+                message.update(content=content or None, tool_calls=_openai_calls(found))
+                finish = "tool_calls"
         return {"id": cid, "object": "chat.completion", "created": created, "model": body.model,
                 "choices": [{"index": 0, "message": message,
-                             "logprobs": logprobs, "finish_reason": last.finish_reason}],
+                             "logprobs": logprobs, "finish_reason": finish}],
                 "usage": _usage(last)}
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
@@ -172,7 +196,21 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
             if d.finish_reason == "error":
                 yield _sse(error_body("/v1", 500, f"engine error: {d.error or 'unknown'}"))
                 break
-            if d.text or d.logprobs or d.finished:
+            if calls is not None:  # a call's block is held back and sent whole at the end
+                shown = calls.feed(d.text)
+                delta: dict[str, Any] = {"content": shown} if shown else {}
+                finish = d.finish_reason if d.finished else None
+                if d.finished:
+                    rest, found = calls.finish()
+                    if rest:
+                        delta["content"] = delta.get("content", "") + rest
+                    if found:
+                        delta["tool_calls"] = [{"index": i, **c}
+                                               for i, c in enumerate(_openai_calls(found))]
+                        finish = "tool_calls"
+                if delta or d.logprobs or d.finished:
+                    yield _sse(chunk(delta, finish, _chat_logprobs(state, d)))
+            elif d.text or d.logprobs or d.finished:
                 yield _sse(chunk(_delta(splitter, d.text, d.finished),
                                  d.finish_reason if d.finished else None,
                                  _chat_logprobs(state, d)))
@@ -195,6 +233,12 @@ async def create_embeddings(body: EmbeddingRequest, request: Request) -> dict[st
             "data": [{"object": "embedding", "index": i, "embedding": encode(v)}
                      for i, v in enumerate(vectors)],
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+
+
+def _openai_calls(calls: list[ToolCall]) -> list[dict[str, Any]]:
+    """Calls as OpenAI writes them: an id each, arguments a JSON string."""
+    return [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+             "function": {"name": c.name, "arguments": json.dumps(c.arguments)}} for c in calls]
 
 
 def _delta(splitter: ThinkingSplitter | None, text: str, finished: bool) -> dict[str, Any]:

@@ -27,6 +27,8 @@ class ChatMessage(_Body):
     content: str | list[ContentPart] | None = None
     name: str | None = None
     reasoning_content: str | None = None  # a past answer's thinking (thinking models)
+    tool_calls: list[dict[str, Any]] | None = None  # an assistant's calls
+    tool_call_id: str | None = None  # a tool result's call
 
 
 class StreamOptions(_Body):
@@ -60,6 +62,7 @@ class ChatCompletionRequest(_Sampling):
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
     tools: list[Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
 
 
@@ -110,6 +113,7 @@ class OllamaMessage(_Body):
     content: str | None = ""
     images: list[str] | None = None
     thinking: str | None = None  # a past answer's thinking (thinking models)
+    tool_calls: list[dict[str, Any]] | None = None  # an assistant's calls
 
 
 class OllamaChatRequest(_Body):
