@@ -10,6 +10,8 @@ keeps, and the template decides what the next prompt shows.
 
 from __future__ import annotations
 
+from typing import Any
+
 OPEN, CLOSE = "<think>", "</think>"
 
 
@@ -23,7 +25,19 @@ def prompt_opens_thinking(prompt_text: str) -> bool:
     return prompt_text.rstrip().endswith(OPEN)
 
 
-def _held_back(text: str, tag: str) -> int:
+def thinking_of(tokenizer: Any, messages: list[dict[str, Any]],
+                **template_vars: Any) -> tuple[bool, bool]:
+    """(the model thinks, the prompt for `messages` opens the block) from its tokenizer's chat
+    template; (False, False) without one."""
+    if not template_thinks(getattr(tokenizer, "chat_template", None)):
+        return False, False
+    try:
+        return True, prompt_opens_thinking(tokenizer.render_chat(messages, **template_vars))
+    except Exception:  # a template that rejects the conversation: no opened block known
+        return True, False
+
+
+def held_back(text: str, tag: str) -> int:
     """How many characters at the end of `text` may be the start of `tag` (kept until the
     next piece says)."""
     for n in range(min(len(tag) - 1, len(text)), 0, -1):
@@ -42,8 +56,16 @@ class ThinkingSplitter:
         self.thinking_started = False  # leading newlines of the thinking are dropped
         self.answer_started = False  # and those of the answer after the block
 
-    def feed(self, text: str) -> tuple[str, str]:
-        """The thinking and the answer text that `text` completes (either may be "")."""
+    def feed(self, text: str, final: bool = False) -> tuple[str, str]:
+        """The thinking and the answer text that `text` completes (either may be ""); with
+        `final` (the output's last piece) also what was held back."""
+        thinking, answer = self._feed(text)
+        if final:
+            rest = self.flush()
+            thinking, answer = thinking + rest[0], answer + rest[1]
+        return thinking, answer
+
+    def _feed(self, text: str) -> tuple[str, str]:
         self.pending += text
         thinking, answer = "", ""
         if self.state == "start":
@@ -60,7 +82,7 @@ class ThinkingSplitter:
                 thinking = self._thinking_text(self.pending[:end].rstrip("\n"))
                 self.state, self.pending = "answer", self.pending[end + len(CLOSE):]
             else:  # keep a possible partial tag, and trailing newlines (they may end it)
-                keep = _held_back(self.pending, CLOSE)
+                keep = held_back(self.pending, CLOSE)
                 body = self.pending[: len(self.pending) - keep]
                 ready = body.rstrip("\n")
                 thinking = self._thinking_text(ready)
@@ -91,7 +113,4 @@ class ThinkingSplitter:
 
 def split_thinking(text: str, opened: bool = False) -> tuple[str, str]:
     """(thinking, answer) of a whole output text."""
-    s = ThinkingSplitter(opened)
-    t1, a1 = s.feed(text)
-    t2, a2 = s.flush()
-    return t1 + t2, a1 + a2
+    return ThinkingSplitter(opened).feed(text, final=True)

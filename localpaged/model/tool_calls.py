@@ -14,6 +14,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from localpaged.model.thinking import held_back
+
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _BLOCK = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*" + re.escape(CLOSE), re.S)
 
@@ -89,13 +91,10 @@ class ToolStream:
             self.in_call = True
             out, self.shown = self.text[self.shown:at], at
             return out
-        keep = next((n for n in range(min(len(OPEN) - 1, len(self.text)), 0, -1)
-                     if OPEN.startswith(self.text[-n:])), 0)
-        end = len(self.text) - keep
+        end = len(self.text) - held_back(self.text, OPEN)
         out, self.shown = self.text[self.shown:end], max(self.shown, end)
         return out
 
     def finish(self) -> tuple[str, list[ToolCall]]:
         """The text not shown yet (outside the calls) and the calls of the whole answer."""
-        rest, calls = parse(self.text[self.shown:])
-        return rest, calls
+        return parse(self.text[self.shown:])

@@ -10,7 +10,7 @@ from typing import Any
 from localpaged.engine.client import Message
 from localpaged.engine.grammar import GrammarSpec
 from localpaged.engine.request import SamplingParams
-from localpaged.model.thinking import ThinkingSplitter, prompt_opens_thinking, template_thinks
+from localpaged.model.thinking import ThinkingSplitter, template_thinks, thinking_of
 from localpaged.model.tool_calls import call_schema, call_text_bounds, template_calls_tools
 from localpaged.server.errors import APIError
 from localpaged.server.streams import ServerState
@@ -193,13 +193,8 @@ def thinking_splitter(state: ServerState, messages: list[Message],
                       **template_vars: Any) -> ThinkingSplitter | None:
     """A splitter of the answer to `messages` into thinking and answer when the model thinks
     (None otherwise); it starts inside the block where the template opens it."""
-    if not thinks(state):
-        return None
-    try:
-        opened = prompt_opens_thinking(state.tokenizer.render_chat(messages, **template_vars))
-    except Exception:
-        opened = False
-    return ThinkingSplitter(opened)
+    model_thinks, opened = thinking_of(state.tokenizer, messages, **template_vars)
+    return ThinkingSplitter(opened) if model_thinks else None
 
 
 def count_chat_tokens(state: ServerState, messages: list[Message]) -> int | None:

@@ -159,13 +159,7 @@ async def _respond(gen: Generation, request: Request, model: str, stream: bool,
         return body
 
     def split(text: str, final: bool) -> tuple[str, str]:
-        if splitter is None:
-            return "", text
-        thought, answer = splitter.feed(text)
-        if final:
-            rest = splitter.flush()
-            thought, answer = thought + rest[0], answer + rest[1]
-        return thought, answer
+        return ("", text) if splitter is None else splitter.feed(text, final=final)
 
     def with_calls(body: dict[str, Any], found: list[Any]) -> dict[str, Any]:
         if found:

@@ -149,12 +149,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     # a thinking model's block apart (not under a grammar: the answer is its JSON from the
     # first token)
     splitter = thinking_splitter(state, messages) if grammar is None and tools is None else None
-    if prompt_ids is not None:
-        gen = await start_generation(state, "openai", prompt=prompt_ids, params=params,
-                                     session_id=body.user, prompt_param="messages")
-    else:
-        gen = await start_generation(state, "openai", messages=messages, params=params,
-                                     session_id=body.user, prompt_param="messages")
+    gen = await start_generation(state, "openai", prompt=prompt_ids,  # rendered with the tools
+                                 messages=messages if prompt_ids is None else None,
+                                 params=params, session_id=body.user, prompt_param="messages")
     calls = ToolStream() if tools is not None else None
     cid = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
@@ -166,9 +163,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
         message: dict[str, Any] = {"role": "assistant", "content": text}
         finish = last.finish_reason
         if splitter is not None:
-            thought, answer = splitter.feed(text)
-            rest = splitter.flush()
-            message.update(content=answer + rest[1], reasoning_content=(thought + rest[0]) or None)
+            thought, answer = splitter.feed(text, final=True)
+            message.update(content=answer, reasoning_content=thought or None)
         if calls is not None:
             content, found = parse_calls(text)
             if found:
@@ -246,10 +242,7 @@ def _delta(splitter: ThinkingSplitter | None, text: str, finished: bool) -> dict
     `reasoning_content` and its answer as `content` (DeepSeek's and vLLM's fields)."""
     if splitter is None:
         return {"content": text} if text else {}
-    thought, answer = splitter.feed(text)
-    if finished:
-        rest = splitter.flush()
-        thought, answer = thought + rest[0], answer + rest[1]
+    thought, answer = splitter.feed(text, final=finished)
     out: dict[str, Any] = {}
     if thought:
         out["reasoning_content"] = thought

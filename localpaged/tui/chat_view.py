@@ -224,10 +224,7 @@ class ChatView(Vertical):
                     if splitter is None:
                         await stream.write(delta.text)
                     else:
-                        thought, answer = splitter.feed(delta.text)
-                        if delta.finished:
-                            rest = splitter.flush()
-                            thought, answer = thought + rest[0], answer + rest[1]
+                        thought, answer = splitter.feed(delta.text, final=delta.finished)
                         if thought:
                             view.add_thinking(thought)
                         if answer:

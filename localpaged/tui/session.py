@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from localpaged.engine.client import EngineClient, Message, StreamDelta
 from localpaged.engine.request import SamplingParams
-from localpaged.model.thinking import OPEN, prompt_opens_thinking, template_thinks
+from localpaged.model.thinking import OPEN, thinking_of
 from localpaged.tui.history import Conversation, History, StoredMessage
 
 SAVE_EVERY_S = 0.5  # a streaming answer is saved at least this often
@@ -67,17 +67,6 @@ class TurnStats:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     output_tokens: int = 0
-
-
-def _thinking_of(tokenizer: Any, messages: list[Message]) -> tuple[bool, bool]:
-    """(the model thinks, the prompt for `messages` opens the block) from its tokenizer's
-    chat template; (False, False) without one (a remote model's answers are shown as sent)."""
-    if not template_thinks(getattr(tokenizer, "chat_template", None)):
-        return False, False
-    try:
-        return True, prompt_opens_thinking(tokenizer.render_chat(messages))
-    except Exception:
-        return True, False
 
 
 class ContextOverflow(ValueError):
@@ -248,7 +237,7 @@ class ChatSession:
             raise ContextOverflow(len(prompt), max_model_len)
         request_id = f"tab{self.conv_id}-{uuid.uuid4().hex[:8]}"
         session_id = f"conv-{self.conv_id}"
-        self.thinks, self.thinking_opened = _thinking_of(tokenizer, self.chat_messages())
+        self.thinks, self.thinking_opened = thinking_of(tokenizer, self.chat_messages())
         if prompt is not None:
             stream = client.generate(prompt, params, request_id=request_id, session_id=session_id)
         else:

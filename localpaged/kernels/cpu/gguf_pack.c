@@ -74,6 +74,15 @@ static void gp_q4k(const uint8_t *b, int sub, uint8_t q[GP_BLOCK], float *s, flo
     gp_affine(scl, off, q, s, o);
 }
 
+/* The 32 codes of 16 bytes laid out as Q4_0's: value v < 16 in byte v's low nibble, v + 16 in
+ * its high one (Q4_0, Q4_1, IQ4_NL, and each group of IQ4_XS). */
+static void gp_nibbles(const uint8_t *qs, uint8_t q[GP_BLOCK]) {
+    for (int v = 0; v < 16; v++) {
+        q[v] = qs[v] & 15;
+        q[v + 16] = qs[v] >> 4;
+    }
+}
+
 /* Group `sub` (0..7) of an IQ4_XS super-block `b` (136 bytes: f16 d, u16 scales_h, 4 bytes
  * scales_l, 128 bytes of codes, 16 a group laid out as IQ4_NL's): codes, scale d * (ls - 32)
  * (ls: a nibble of scales_l and two bits of scales_h) and offset -128 times it. */
@@ -82,11 +91,7 @@ static void gp_iq4xs(const uint8_t *b, int sub, uint8_t q[GP_BLOCK], float *s, f
     memcpy(&h, b, 2);
     memcpy(&high, b + 2, 2);
     const int ls = ((b[4 + sub / 2] >> 4 * (sub % 2)) & 15) | ((high >> 2 * sub) & 3) << 4;
-    const uint8_t *qs = b + 8 + 16 * sub;
-    for (int v = 0; v < 16; v++) {
-        q[v] = qs[v] & 15;
-        q[v + 16] = qs[v] >> 4;
-    }
+    gp_nibbles(b + 8 + 16 * sub, q);
     *s = f16_to_f32(h) * (float)(ls - 32);
     *o = -128.f * *s;
 }
@@ -94,14 +99,10 @@ static void gp_iq4xs(const uint8_t *b, int sub, uint8_t q[GP_BLOCK], float *s, f
 /* One block's 32 codes (0..15), scale and offset. */
 static void gp_block(const uint8_t *b, int type, uint8_t q[GP_BLOCK], float *s, float *o) {
     const int symmetric = type == 2 || type == 20;
-    const uint8_t *qs = b + (symmetric ? 2 : 4);
     uint16_t h;
     memcpy(&h, b, 2);
     const float d = f16_to_f32(h);
-    for (int v = 0; v < 16; v++) {
-        q[v] = qs[v] & 15;
-        q[v + 16] = qs[v] >> 4;
-    }
+    gp_nibbles(b + (symmetric ? 2 : 4), q);
     if (symmetric) {
         *s = d;
         *o = (type == 2 ? -8.f : -128.f) * d;
