@@ -73,10 +73,21 @@ def test_a_batch_of_64_and_a_cached_prefix(oai: openai.OpenAI, model_name: str,
     assert len(r.data) == 64
     for i in (0, 31, 63):
         assert _cos(r.data[i].embedding, reference(texts[i])) >= 0.9999
-    hits = engine_client.stats().prefix_cache_hits
+    hits = _settled_stats(engine_client).prefix_cache_hits
     again = oai.embeddings.create(model=model_name, input=texts[5])  # its blocks are cached
-    assert engine_client.stats().prefix_cache_hits > hits
+    assert _settled_stats(engine_client).prefix_cache_hits > hits
     assert _cos(again.data[0].embedding, torch.tensor(r.data[5].embedding)) >= 0.9999
+
+
+def _settled_stats(client: Any) -> Any:
+    """The engine's stats once its thread has refreshed them after the last request (the
+    snapshot is taken between steps: a request just answered may still show as waiting)."""
+    deadline = time.perf_counter() + 10
+    while True:
+        st = client.stats()
+        if (st.num_waiting == 0 and st.num_running == 0) or time.perf_counter() > deadline:
+            return st
+        time.sleep(0.01)
 
 
 def test_ollama_embed_and_embeddings(base_url: str, model_name: str, reference) -> None:
