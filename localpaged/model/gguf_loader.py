@@ -15,6 +15,7 @@ CPU kernel's layout.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -178,6 +179,11 @@ class GGUFFile:
                 self.metadata[key] = field.contents()
             except Exception as exc:
                 raise ValueError(f"{self.path}: corrupt GGUF metadata field {key}: {exc}") from None
+
+    @property
+    def fingerprint(self) -> str:
+        """Identity of the file's current content (see `_fingerprint`)."""
+        return _fingerprint(self.path)
 
     @property
     def architecture(self) -> str:
@@ -569,7 +575,7 @@ def hf_tokenizer_from_gguf(path: str | Path, *, cache: bool = True) -> Any:
     folder = tokenizer_cache_dir() / _tokenizer_key(gguf_file.path)
     if cache and (folder / "tokenizer.json").is_file():
         try:
-            return AutoTokenizer.from_pretrained(str(folder))
+            return _saved_tokenizer(folder)
         except Exception:
             shutil.rmtree(folder, ignore_errors=True)  # a damaged cache entry: convert again
     try:
@@ -582,6 +588,22 @@ def hf_tokenizer_from_gguf(path: str | Path, *, cache: bool = True) -> Any:
     if cache:
         _save_tokenizer(tok, folder)
     return tok
+
+
+def _saved_tokenizer(folder: Path) -> Any:
+    """A tokenizer saved by `_save_tokenizer`, through the class it names: AutoTokenizer
+    finds the same class but first imports and probes much more of transformers (about half
+    a second of a load)."""
+    import transformers
+
+    with open(folder / "tokenizer_config.json", encoding="utf-8") as f:
+        name = json.load(f).get("tokenizer_class")
+    cls = getattr(transformers, name, None) if isinstance(name, str) else None
+    if cls is None or not name.endswith(("Tokenizer", "TokenizerFast")):
+        from transformers import AutoTokenizer
+
+        cls = AutoTokenizer
+    return cls.from_pretrained(str(folder))
 
 
 def _save_tokenizer(tok: Any, folder: Path) -> None:

@@ -7,6 +7,7 @@ GGUF reader elsewhere) fills the module, tensor by tensor.
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -199,3 +200,34 @@ def load_model(
     weights = iter_safetensors(safetensors_files(path))  # lazy: read inside build_model
     torch_dtype = resolve_dtype(dtype, config, device)
     return build_model(config, weights, torch_dtype, device), config
+
+
+def load_inference_model(
+    path: str | Path, dtype: str | torch.dtype = "auto", device: torch.device | str = "cpu"
+) -> tuple[LlamaForCausalLM, ModelConfig]:
+    """`load_model`, its projections joined for inference; a GGUF on the CPU from the
+    packed-weights cache when this build loaded the file before (see
+    localpaged.model.packed_cache), else packed now and kept there for the next load."""
+    path = Path(path)
+    if path.suffix != ".gguf" or torch.device(device).type != "cpu":
+        model, config = load_model(path, dtype, device)
+        model.fuse_projections()
+        return model, config
+    from localpaged.model import packed_cache
+    from localpaged.model.gguf_loader import open_gguf
+
+    gguf = open_gguf(path)
+    config = ModelConfig.from_dict(gguf.hf_config())
+    key = packed_cache.entry_key(gguf.fingerprint, resolve_dtype(dtype, None, device))
+    cached = packed_cache.load(path.stem, key)
+    if cached is not None:
+        print(f"localpaged: packed weights mapped from {packed_cache.entry_path(path.stem, key)}",
+              file=sys.stderr, flush=True)
+        return cached, config
+    model, config = load_model(path, dtype, device)
+    model.fuse_projections()
+    size = packed_cache.tensor_bytes(model)
+    if (saved := packed_cache.save(model, path.stem, key, size)) is not None:
+        print(f"localpaged: packed weights kept for the next load ({size / 2**30:.2f} GiB "
+              f"in {saved.parent})", file=sys.stderr, flush=True)
+    return model, config

@@ -101,6 +101,9 @@ def test_real_smollm_tokenizer_template_and_cache(smollm_gguf, smollm_hf_dir, st
     ref = AutoTokenizer.from_pretrained(smollm_hf_dir)
     text = "What is the capital of France? Paris, naturally."
     assert converted(text)["input_ids"] == cached(text)["input_ids"] == ref(text)["input_ids"]
+    # The cache is read through the class it names, not AutoTokenizer: the same tokenizer.
+    assert type(cached) is type(converted) is type(AutoTokenizer.from_pretrained(entry))
+    assert cached.all_special_ids == converted.all_special_ids and len(cached) == len(converted)
     chat = [{"role": "user", "content": "What is the capital of France?"}]
     for tok in (converted, cached):
         rendered = tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
