@@ -11,7 +11,7 @@ from localpaged.engine.client import Message
 from localpaged.engine.grammar import GrammarSpec
 from localpaged.engine.request import SamplingParams
 from localpaged.model.thinking import ThinkingSplitter, template_thinks, thinking_of
-from localpaged.model.tool_calls import call_schema, call_text_bounds, template_calls_tools
+from localpaged.model.tool_calls import ToolFormat, format_of
 from localpaged.server.errors import APIError
 from localpaged.server.streams import ServerState
 
@@ -98,7 +98,21 @@ def _template_call(call: Any, param: str) -> dict[str, Any]:
             args = json.loads(args or "{}")
         except json.JSONDecodeError as exc:
             raise APIError(400, f"tool call arguments are not JSON: {exc}", param=param) from exc
-    return {"type": "function", "function": {"name": f["name"], "arguments": args}}
+    out = {"type": "function", "function": {"name": f["name"], "arguments": args}}
+    if isinstance(call.get("id"), str):
+        out["id"] = call["id"]
+    return out
+
+
+def tool_format(state: ServerState) -> ToolFormat | None:
+    """The tool-call format the loaded model's chat template writes (None: it takes no tools)."""
+    return format_of(getattr(state.tokenizer, "chat_template", None))
+
+
+def tool_messages(state: ServerState, messages: list[Message]) -> list[Message]:
+    """`messages` as the model's template takes past calls and results (Mistral's call ids)."""
+    fmt = tool_format(state)
+    return fmt.template_messages(messages) if fmt is not None else messages
 
 
 def tool_setup(state: ServerState, tools: list[Any] | None, choice: Any
@@ -108,7 +122,8 @@ def tool_setup(state: ServerState, tools: list[Any] | None, choice: Any
     A 400 for tools on a model whose template takes none, malformed tools, or an unknown name."""
     if not tools or choice == "none":
         return None, None
-    if not template_calls_tools(getattr(state.tokenizer, "chat_template", None)):
+    fmt = tool_format(state)
+    if fmt is None:
         raise APIError(400, f"{state.client.model_name!r} does not support tools (its chat "
                        "template writes no tool calls)", param="tools")
     names = []
@@ -132,8 +147,8 @@ def tool_setup(state: ServerState, tools: list[Any] | None, choice: Any
                        "named function", param="tool_choice")
     if name is None and choice != "required":
         return list(tools), None
-    prefix, suffix = call_text_bounds()
-    grammar = GrammarSpec.json_schema(call_schema(list(tools), name), prefix, suffix)
+    prefix, schema, suffix = fmt.forced(list(tools), name)
+    grammar = GrammarSpec.json_schema(schema, prefix, suffix)
     return list(tools), checked_grammar(state, grammar, "tool_choice")
 
 

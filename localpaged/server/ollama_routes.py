@@ -15,7 +15,6 @@ from localpaged.engine.client import Message, StreamDelta
 from localpaged.engine.grammar import GrammarSpec
 from localpaged.model.thinking import ThinkingSplitter
 from localpaged.model.tool_calls import ToolStream
-from localpaged.model.tool_calls import parse as parse_calls
 from localpaged.server import embeddings, models_view
 from localpaged.server.common import (
     check_model,
@@ -28,6 +27,8 @@ from localpaged.server.common import (
     stop_list,
     thinking_splitter,
     thinks,
+    tool_format,
+    tool_messages,
     tool_setup,
 )
 from localpaged.server.errors import APIError
@@ -172,7 +173,7 @@ async def _respond(gen: Generation, request: Request, model: str, stream: bool,
         if last.finish_reason == "error":
             raise APIError(500, f"engine error: {last.error or 'unknown'}")
         if calls is not None:
-            content, found = parse_calls(text)
+            content, found = calls.fmt.parse(text)
             return JSONResponse({**with_calls(piece(content), found), "done": True,
                                  **_final_fields(gen, last)})
         thought, answer = split(text, True)
@@ -211,13 +212,14 @@ async def chat(body: OllamaChatRequest, request: Request) -> Any:
     tools, _ = tool_setup(state, body.tools, "auto")
     if not body.messages:
         return _load_reply(body.model, keep_alive, chat=True)
-    messages = engine_messages(body.messages)
-    if tools is not None:  # the tools through the template; calls read back from the answer
+    messages = tool_messages(state, engine_messages(body.messages))
+    fmt = tool_format(state)
+    if tools is not None and fmt is not None:  # the tools through the template; calls read back from the answer
         ids = state.tokenizer.apply_chat_template(messages, tools=tools)
         gen = await start_generation(state, "ollama", prompt=ids,
                                      params=_params(state, body.options, len(ids), grammar))
         return await _respond(gen, request, body.model, body.stream, chat=True,
-                              calls=ToolStream())
+                              calls=ToolStream(fmt))
     gen, splitter = await _chat_generation(state, body.model, messages, body.options, body.think,
                                            grammar)
     return await _respond(gen, request, body.model, body.stream, chat=True, splitter=splitter,

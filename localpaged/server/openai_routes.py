@@ -13,8 +13,7 @@ from fastapi.responses import JSONResponse
 
 from localpaged.engine.client import StreamDelta
 from localpaged.model.thinking import ThinkingSplitter
-from localpaged.model.tool_calls import ToolCall, ToolStream
-from localpaged.model.tool_calls import parse as parse_calls
+from localpaged.model.tool_calls import ToolCall, ToolFormat, ToolStream
 from localpaged.server import embeddings
 from localpaged.server.common import (
     check_model,
@@ -28,6 +27,8 @@ from localpaged.server.common import (
     stop_list,
     thinking_splitter,
     token_text,
+    tool_format,
+    tool_messages,
     tool_setup,
 )
 from localpaged.server.errors import APIError, error_body
@@ -127,7 +128,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     grammar = grammar or call_grammar
     if body.top_logprobs is not None and not body.logprobs:
         raise APIError(400, "top_logprobs requires logprobs=true", param="top_logprobs")
-    messages = engine_messages(body.messages)
+    messages = tool_messages(state, engine_messages(body.messages))
     prompt_ids = None
     if tools is not None:  # the tools through the template: the prompt is rendered here
         try:
@@ -152,7 +153,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     gen = await start_generation(state, "openai", prompt=prompt_ids,  # rendered with the tools
                                  messages=messages if prompt_ids is None else None,
                                  params=params, session_id=body.user, prompt_param="messages")
-    calls = ToolStream() if tools is not None else None
+    fmt = tool_format(state)
+    calls = ToolStream(fmt) if tools is not None and fmt is not None else None
     cid = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     if not body.stream:
@@ -166,9 +168,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
             thought, answer = splitter.feed(text, final=True)
             message.update(content=answer, reasoning_content=thought or None)
         if calls is not None:
-            content, found = parse_calls(text)
+            content, found = calls.fmt.parse(text)
             if found:
-                message.update(content=content or None, tool_calls=_openai_calls(found))
+                message.update(content=content or None, tool_calls=_openai_calls(found, calls.fmt))
                 finish = "tool_calls"
         return {"id": cid, "object": "chat.completion", "created": created, "model": body.model,
                 "choices": [{"index": 0, "message": message,
@@ -202,7 +204,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
                         delta["content"] = delta.get("content", "") + rest
                     if found:
                         delta["tool_calls"] = [{"index": i, **c}
-                                               for i, c in enumerate(_openai_calls(found))]
+                                               for i, c in enumerate(_openai_calls(found, calls.fmt))]
                         finish = "tool_calls"
                 if delta or d.logprobs or d.finished:
                     yield _sse(chunk(delta, finish, _chat_logprobs(state, d)))
@@ -231,9 +233,10 @@ async def create_embeddings(body: EmbeddingRequest, request: Request) -> dict[st
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
 
 
-def _openai_calls(calls: list[ToolCall]) -> list[dict[str, Any]]:
-    """Calls as OpenAI writes them: an id each, arguments a JSON string."""
-    return [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+def _openai_calls(calls: list[ToolCall], fmt: ToolFormat) -> list[dict[str, Any]]:
+    """Calls as OpenAI writes them: an id each (of the shape the family's template takes back),
+    arguments a JSON string."""
+    return [{"id": fmt.call_id(), "type": "function",
              "function": {"name": c.name, "arguments": json.dumps(c.arguments)}} for c in calls]
 
 

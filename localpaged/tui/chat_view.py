@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import re
 from contextlib import aclosing
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
+from rich.text import Text
 from textual import events, on
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
@@ -13,7 +14,7 @@ from textual.message import Message
 from textual.widgets import Button, Collapsible, Label, Markdown, Static, TextArea
 
 from localpaged.model.thinking import OPEN, ThinkingSplitter, split_thinking
-from localpaged.tui.history import StoredMessage
+from localpaged.tui.history import StoredMessage, call_parts, call_text
 from localpaged.tui.session import ChatSession, ContextOverflow
 
 if TYPE_CHECKING:
@@ -57,12 +58,57 @@ def thinking_and_answer(message: StoredMessage) -> tuple[str, str]:
     return split_thinking(message.content)
 
 
+def tool_call_names(messages: list[StoredMessage]) -> dict[int, str]:
+    """The function each saved tool result answers (by message id): the call its
+    `tool_call_id` names, else the earliest call not answered yet."""
+    pending: list[tuple[Any, str]] = []  # (id, function) of calls not answered yet
+    names: dict[int, str] = {}
+    for m in messages:
+        pending += [(c.get("id"), call_parts(c)[0]) for c in m.tool_calls or []]
+        if m.role == "tool" and pending:
+            at = next((i for i, (cid, _) in enumerate(pending)
+                       if cid is not None and cid == m.tool_call_id), 0)
+            names[m.id] = pending.pop(at)[1]
+    return names
+
+
+class ToolCallView(Static):
+    """One tool call of a saved answer, compactly: the function and its arguments."""
+
+    DEFAULT_CSS = """
+    ToolCallView { margin: 0 0 0 2; padding: 0 1; border-left: outer $accent;
+                   background: $boost; color: $text; }
+    """
+
+    def __init__(self, call: dict[str, Any]) -> None:
+        self.call = call
+        name, _ = call_parts(call)
+        args = call_text(call)[len(name):]
+        super().__init__(Text.assemble(("⚙ ", "bold"), (name, "bold"), args),
+                         classes="tool-call")
+
+
+class ToolResultView(Static):
+    """A tool's result: which function it came from, and what it returned."""
+
+    DEFAULT_CSS = """
+    ToolResultView { margin: 0 0 0 2; padding: 0 1; border-left: outer $success;
+                     background: $boost; color: $text-muted; }
+    """
+
+    def __init__(self, message: StoredMessage, name: str | None) -> None:
+        head = f"↳ {name or 'tool'} returned: "
+        body = message.content if len(message.content) <= 2000 else message.content[:2000] + " …"
+        super().__init__(Text.assemble((head, "bold"), body), classes="tool-result")
+
+
 class MessageView(Vertical):
     """One message: a role line, a thinking model's thinking folded (a toggle opens it), and
     its Markdown body."""
 
     DEFAULT_CSS = """
     MessageView { height: auto; margin: 0 1 1 1; }
+    MessageView.tool { margin-top: -1; }
     MessageView .role { color: $text-muted; text-style: bold; }
     MessageView.user .role { color: $accent; }
     MessageView.assistant .role { color: $success; }
@@ -73,19 +119,28 @@ class MessageView(Vertical):
     MessageView Collapsible .thought { color: $text-muted; text-style: italic; }
     """
 
-    def __init__(self, message: StoredMessage, *, streaming: bool = False) -> None:
+    def __init__(self, message: StoredMessage, *, streaming: bool = False,
+                 call_name: str | None = None) -> None:
         super().__init__(classes=message.role)
         self.message = message
+        self.call_name = call_name  # a tool result's function
         self.streaming = streaming  # the body starts empty and is fed by a MarkdownStream
         self.thought, self.answer = ("", "") if streaming else thinking_and_answer(message)
 
     def compose(self) -> ComposeResult:
+        if self.message.role == "tool":  # a tool's result, under the call it answers
+            yield ToolResultView(self.message, self.call_name)
+            return
         yield Label("You" if self.message.role == "user" else "Assistant", classes="role")
         thinking = Collapsible(Static(self.thought, classes="thought"), title="Thinking",
                                collapsed=True)
         thinking.display = bool(self.thought)
         yield thinking
-        yield Markdown(self.answer)
+        body = Markdown(self.answer)
+        body.display = bool(self.answer) or self.streaming or not self.message.tool_calls
+        yield body
+        for call in self.message.tool_calls or []:
+            yield ToolCallView(call)
         yield Label(self._note(), classes="incomplete")
 
     def add_thinking(self, text: str) -> None:
@@ -105,7 +160,14 @@ class MessageView(Vertical):
         return self.query_one(Markdown)
 
     def refresh_note(self) -> None:
-        self.query_one(".incomplete", Label).update(self._note())
+        if self.message.role != "tool":
+            self.query_one(".incomplete", Label).update(self._note())
+
+
+def message_views(messages: list[StoredMessage]) -> list[MessageView]:
+    """The views of saved messages (a tool result knowing its call's function)."""
+    names = tool_call_names(messages)
+    return [MessageView(m, call_name=names.get(m.id)) for m in messages]
 
 
 class Notice(Horizontal):
@@ -163,8 +225,7 @@ class ChatView(Vertical):
 
     def compose(self) -> ComposeResult:
         with ChatLog(id="log"):
-            for m in self.session.messages:
-                yield MessageView(m)
+            yield from message_views(self.session.messages)
         yield Notice()
         yield PromptInput(id="prompt", placeholder="Message (enter sends, ctrl+j new line)")
 
@@ -294,7 +355,7 @@ class ChatView(Vertical):
             if tok is None or not limit or len(self.session.prompt_ids(tok)) < limit:
                 break
         await self.query(MessageView).remove()
-        await self.query_one("#log").mount_all(MessageView(m) for m in self.session.messages)
+        await self.query_one("#log").mount_all(message_views(self.session.messages))
         self._start_answer()
 
     def last_answer(self) -> str | None:

@@ -1,5 +1,10 @@
 """Chat history in SQLite (stdlib `sqlite3`, WAL): conversations, their messages, open tabs.
 
+An assistant message may hold tool calls (`tool_calls`: a JSON list of OpenAI-shaped calls,
+`{"id", "type": "function", "function": {"name", "arguments"}}`), a `tool` message a call's
+result (`tool_call_id` names the call). A database from before these columns gains them when
+opened.
+
 Every write commits at once, so a killed app loses at most the text streamed since the last
 save. A streaming answer is a message with status "streaming"; it becomes "done", "stopped"
 or "error" when it ends. A message still "streaming" when the app starts is one the app died
@@ -34,10 +39,15 @@ CREATE TABLE IF NOT EXISTS messages (
     role TEXT NOT NULL,
     content TEXT NOT NULL,
     status TEXT NOT NULL DEFAULT 'done',
-    created REAL NOT NULL
+    created REAL NOT NULL,
+    tool_calls TEXT,
+    tool_call_id TEXT
 );
 CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation_id, id);
 """
+
+# columns added since the first schema: (name, type), added to older databases on open
+ADDED_COLUMNS = {"messages": [("tool_calls", "TEXT"), ("tool_call_id", "TEXT")]}
 
 INCOMPLETE = "streaming"
 
@@ -60,6 +70,8 @@ class StoredMessage:
     role: str
     content: str
     status: str = "done"
+    tool_calls: list[dict[str, Any]] | None = None  # an assistant's calls
+    tool_call_id: str | None = None  # a tool result's call
 
     @property
     def incomplete(self) -> bool:
@@ -92,6 +104,15 @@ class History:
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.execute("PRAGMA foreign_keys=ON")
         self.db.executescript(SCHEMA)
+        self._migrate()
+
+    def _migrate(self) -> None:
+        """Add the columns an older database lacks (its rows get NULL there)."""
+        for table, columns in ADDED_COLUMNS.items():
+            have = {r["name"] for r in self.db.execute(f"PRAGMA table_info({table})")}
+            for name, kind in columns:
+                if name not in have:
+                    self.db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
 
     @classmethod
     def in_data_dir(cls, root: Path | None = None) -> History:
@@ -150,19 +171,27 @@ class History:
             raise KeyError(conv_id)
         conv = _conversation(row)
         conv.messages = [
-            StoredMessage(r["id"], r["role"], r["content"], r["status"])
+            StoredMessage(r["id"], r["role"], r["content"], r["status"],
+                          json.loads(r["tool_calls"]) if r["tool_calls"] else None,
+                          r["tool_call_id"])
             for r in self.db.execute(
-                "SELECT id, role, content, status FROM messages WHERE conversation_id = ?"
-                " ORDER BY id", (conv_id,))
+                "SELECT id, role, content, status, tool_calls, tool_call_id FROM messages"
+                " WHERE conversation_id = ? ORDER BY id", (conv_id,))
         ]
         return conv
 
     # messages
-    def add_message(self, conv_id: int, role: str, content: str, status: str = "done") -> int:
+    def add_message(self, conv_id: int, role: str, content: str, status: str = "done", *,
+                    tool_calls: list[dict[str, Any]] | None = None,
+                    tool_call_id: str | None = None) -> int:
+        """A new message; `tool_calls` an assistant's calls, `tool_call_id` the call a `tool`
+        message answers."""
         now = time.time()
         cur = self.db.execute(
-            "INSERT INTO messages (conversation_id, role, content, status, created)"
-            " VALUES (?, ?, ?, ?, ?)", (conv_id, role, content, status, now))
+            "INSERT INTO messages (conversation_id, role, content, status, created, tool_calls,"
+            " tool_call_id) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (conv_id, role, content, status, now,
+             json.dumps(tool_calls) if tool_calls else None, tool_call_id))
         self.db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (now, conv_id))
         return int(cur.lastrowid or 0)
 
@@ -206,13 +235,41 @@ class History:
         if conv.system_prompt:
             out += ["## System", "", conv.system_prompt, ""]
         for m in conv.messages:
-            head = {"user": "You", "assistant": "Assistant"}.get(m.role, m.role.title())
+            head = {"user": "You", "assistant": "Assistant",
+                    "tool": "Tool result"}.get(m.role, m.role.title())
             if m.incomplete:
                 head += " (incomplete)"
             elif m.status in ("stopped", "error"):
                 head += f" ({m.status})"
-            out += [f"## {head}", "", m.content, ""]
+            out += [f"## {head}", ""]
+            if m.content:
+                out += [m.content, ""]
+            out += [f"Tool call: `{call_text(c)}`" for c in m.tool_calls or []]
+            if m.tool_calls:
+                out.append("")
         return "\n".join(out).rstrip() + "\n"
+
+
+def call_parts(call: dict[str, Any]) -> tuple[str, dict[str, Any] | str]:
+    """(function name, arguments) of a saved call (the arguments an object where they are
+    JSON of one, else their text as saved)."""
+    f = call.get("function") or call
+    args = f.get("arguments", {})
+    if isinstance(args, str):
+        try:
+            args = json.loads(args or "{}")
+        except json.JSONDecodeError:
+            return str(f.get("name", "?")), args
+    return str(f.get("name", "?")), args if isinstance(args, dict) else str(args)
+
+
+def call_text(call: dict[str, Any]) -> str:
+    """A saved call as one line: `name(key=value, ...)`, the values as JSON."""
+    name, args = call_parts(call)
+    if isinstance(args, str):
+        return f"{name}({args})"
+    return f"{name}(" + ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}"
+                                  for k, v in args.items()) + ")"
 
 
 def _conversation(row: sqlite3.Row) -> Conversation:

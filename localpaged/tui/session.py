@@ -124,12 +124,15 @@ class ChatSession:
         return self.request_id is not None
 
     def chat_messages(self, messages: list[StoredMessage] | None = None) -> list[Message]:
-        """The conversation as chat messages (system prompt first)."""
+        """The conversation as chat messages (system prompt first). A saved chat's tool calls
+        and results (from the API) are shown, not sent: the chat app gives the model no tools,
+        so an answer that was only calls is left out with them."""
         msgs: list[Message] = []
         if self.system_prompt:
             msgs.append({"role": "system", "content": self.system_prompt})
         msgs += [{"role": m.role, "content": m.content} for m in (messages or self.messages)
-                 if m.role in ("user", "assistant")]
+                 if m.role == "user" or (m.role == "assistant"
+                                         and (m.content or not m.tool_calls))]
         return msgs
 
     # editing

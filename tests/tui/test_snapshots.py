@@ -119,3 +119,14 @@ def test_thinking_folded(snap_compare, tmp_path: Path, fresh_client) -> None:
 
     assert snap_compare(ChatApp(history, client=fresh_client, owns_client=False),
                         terminal_size=SIZE, run_before=open_second)
+
+
+def test_tool_calls_shown(snap_compare, tmp_path: Path, fresh_client) -> None:
+    """A saved chat with tool calls (written by the API's clients): each call compact with its
+    function and arguments, each result under it, then the final answer."""
+    from tests.tui.test_tools import tool_chat
+
+    history = History(tmp_path / "history.sqlite3")
+    tool_chat(history, fresh_client.model_name)
+    assert snap_compare(ChatApp(history, client=fresh_client, owns_client=False),
+                        terminal_size=SIZE, run_before=no_blink)
