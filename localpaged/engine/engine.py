@@ -132,7 +132,7 @@ class LLMEngine:
                 raise ValueError("constrained output needs the model's tokenizer")
             from localpaged.engine.grammar import GrammarBackend
 
-            self.runner.grammar = GrammarBackend(self.tokenizer.hf, self.model_config.vocab_size)
+            self.runner.grammar = GrammarBackend(self.tokenizer.hf_full, self.model_config.vocab_size)
         return self.runner.grammar
 
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None, *,

@@ -19,6 +19,7 @@ import json
 import os
 import re
 import shutil
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -432,6 +433,7 @@ class GGUFFile:
 
 
 _OPEN: dict[str, GGUFFile] = {}
+_OPEN_LOCK = threading.Lock()
 
 
 def _fingerprint(path: Path) -> str:
@@ -455,11 +457,12 @@ def open_gguf(path: str | Path) -> GGUFFile:
         key = _fingerprint(p)
     except OSError:
         return GGUFFile(p)  # raises the clear FileNotFoundError
-    cached = _OPEN.get(key)
-    if cached is None:
-        cached = GGUFFile(p)
-        _OPEN.clear()  # keep one: a process serves one model
-        _OPEN[key] = cached
+    with _OPEN_LOCK:  # the tokenizer's thread and the weights' open the same file at once
+        cached = _OPEN.get(key)
+        if cached is None:
+            cached = GGUFFile(p)
+            _OPEN.clear()  # keep one: a process loads one model at a time
+            _OPEN[key] = cached
     return cached
 
 
@@ -631,7 +634,18 @@ def gguf_eos_token_ids(path: str | Path) -> list[int]:
 
 
 def tokenizer_from_gguf(path: str | Path) -> Any:
-    """`localpaged.model.tokenizer.Tokenizer` from the GGUF metadata."""
+    """`localpaged.model.tokenizer.Tokenizer` from the GGUF metadata. Once converted, it is
+    usable at once from the cache (`SavedTokenizer`: transformers is imported beside)."""
+    from localpaged.model.saved_tokenizer import SavedTokenizer
     from localpaged.model.tokenizer import Tokenizer
 
-    return Tokenizer(hf_tokenizer_from_gguf(path), eos_token_ids=gguf_eos_token_ids(path))
+    folder = tokenizer_cache_dir() / _tokenizer_key(open_gguf(path).path)
+    hf: Any = None
+    if (folder / "tokenizer.json").is_file():
+        try:
+            hf = SavedTokenizer(folder, lambda: _saved_tokenizer(folder))
+        except Exception:
+            hf = None  # damaged: hf_tokenizer_from_gguf converts it again
+    if hf is None:
+        hf = hf_tokenizer_from_gguf(path)
+    return Tokenizer(hf, eos_token_ids=gguf_eos_token_ids(path))

@@ -227,7 +227,8 @@ def load_inference_model(
     model, config = load_model(path, dtype, device)
     model.fuse_projections()
     size = packed_cache.tensor_bytes(model)
-    if (saved := packed_cache.save(model, path.stem, key, size)) is not None:
-        print(f"localpaged: packed weights kept for the next load ({size / 2**30:.2f} GiB "
-              f"in {saved.parent})", file=sys.stderr, flush=True)
+    if packed_cache.save_in_background(model, path.stem, key, size) is not None:
+        print(f"localpaged: keeping the packed weights for the next load ({size / 2**30:.2f} "
+              f"GiB, written to {packed_cache.cache_dir()} in the background)",
+              file=sys.stderr, flush=True)
     return model, config

@@ -23,6 +23,8 @@ import hashlib
 import os
 import shutil
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,7 @@ PACKAGE = Path(__file__).resolve().parents[1]
 _NOT_IN_KEY = {"LOCALPAGED_HOME", ENV_DIR, ENV_GB, "LOCALPAGED_KERNEL_CACHE",
                "LOCALPAGED_TEST_CACHE", "LOCALPAGED_API_KEY"}
 _code_hash: str | None = None
+_writers: list[threading.Thread] = []
 
 
 def limit_bytes() -> int:
@@ -60,14 +63,15 @@ def cache_dir() -> Path:
 
 
 def code_hash() -> str:
-    """A hash of this package's Python and C sources: a new version packs afresh."""
+    """A hash of this package's Python and C source files (names, sizes, modification
+    times: no reading of their text): a new version packs afresh."""
     global _code_hash
     if _code_hash is None:
         h = hashlib.sha256()
         for f in sorted(PACKAGE.rglob("*")):
             if f.suffix in (".py", ".c", ".h") and "__pycache__" not in f.parts:
-                h.update(str(f.relative_to(PACKAGE)).encode())
-                h.update(f.read_bytes())
+                st = f.stat()
+                h.update(f"{f.relative_to(PACKAGE)}|{st.st_size}|{st.st_mtime_ns}\n".encode())
         _code_hash = h.hexdigest()
     return _code_hash
 
@@ -105,6 +109,47 @@ def load(stem: str, key: str) -> Any | None:
     with contextlib.suppress(OSError):
         os.utime(path)  # most recently used
     return model
+
+
+def save_in_background(model: Any, stem: str, key: str, size: int) -> threading.Thread | None:
+    """`save` on a thread of its own (writing a model's packed weights takes seconds; the
+    writes leave the interpreter free), of a copy of the module tree made now, so that what
+    the engine changes on `model` afterwards (its decode plan, an int8 output layer) is not
+    in the file. The thread is not a daemon: a process that ends sooner waits for it.
+    Returns the thread, or None when nothing is to be written."""
+    if not limit_bytes() or size > limit_bytes():
+        return None
+    snapshot = module_tree_copy(model)
+    thread = threading.Thread(target=save, args=(snapshot, stem, key, size),
+                              name="localpaged-packed-cache")
+    thread.start()
+    _writers.append(thread)
+    return thread
+
+
+def wait_for_writes() -> None:
+    """Wait until every background write of this process has ended."""
+    while _writers:
+        _writers.pop().join()
+
+
+def module_tree_copy(module: torch.nn.Module,
+                     memo: dict[int, torch.nn.Module] | None = None) -> torch.nn.Module:
+    """A copy of `module` and its submodules (each one's attributes copied, shallowly; a
+    submodule found twice copied once) that shares their tensors: replacing a submodule or
+    an attribute of the original afterwards leaves the copy as it was."""
+    memo = {} if memo is None else memo
+    if id(module) in memo:
+        return memo[id(module)]
+    copy = object.__new__(type(module))
+    memo[id(module)] = copy
+    attrs = dict(module.__dict__)
+    attrs["_parameters"] = dict(module._parameters)
+    attrs["_buffers"] = dict(module._buffers)
+    attrs["_modules"] = {name: None if child is None else module_tree_copy(child, memo)
+                         for name, child in module._modules.items()}
+    object.__setattr__(copy, "__dict__", attrs)
+    return copy
 
 
 def save(model: Any, stem: str, key: str, size: int) -> Path | None:
@@ -157,7 +202,12 @@ def entries() -> list[Path]:
 
 
 def _evict(folder: Path, budget: int) -> None:
-    """Remove least recently used entries until the rest take at most `budget` bytes."""
+    """Remove least recently used entries until the rest take at most `budget` bytes (and
+    what a process that was killed while writing left behind)."""
+    for tmp in folder.glob(".*.tmp"):
+        with contextlib.suppress(OSError):
+            if time.time() - tmp.stat().st_mtime > 3600:
+                tmp.unlink()
     kept = entries()
     total = sum(p.stat().st_size for p in kept)
     for p in kept:

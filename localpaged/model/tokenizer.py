@@ -44,6 +44,12 @@ class Tokenizer:
             None,
         )
 
+    @property
+    def hf_full(self) -> Any:
+        """The transformers tokenizer itself (for libraries that take one, e.g. xgrammar)."""
+        full = getattr(type(self.hf), "full", None)
+        return full(self.hf) if full is not None else self.hf
+
     @classmethod
     def from_pretrained(cls, folder: str | Path) -> Tokenizer:
         """Load `folder`'s tokenizer; eos ids also from generation_config.json and config.json."""

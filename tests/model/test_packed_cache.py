@@ -41,7 +41,8 @@ def prompt_logits(model: torch.nn.Module, step_builder: Callable) -> torch.Tenso
 def test_second_load_maps_the_first_packing(smollm_gguf: Path, logits: Callable, cache: Path,
                                             capfd: pytest.CaptureFixture[str]) -> None:
     first, _ = load_model(smollm_gguf, dtype="float32")
-    assert "kept for the next load" in capfd.readouterr().err
+    assert "keeping the packed weights for the next load" in capfd.readouterr().err
+    packed_cache.wait_for_writes()
     [entry] = packed_cache.entries()
     assert entry.parent == cache and entry.stat().st_size > 50 * 2**20
     second, _ = load_model(smollm_gguf, dtype="float32")
@@ -59,11 +60,13 @@ def test_second_load_maps_the_first_packing(smollm_gguf: Path, logits: Callable,
 
 def test_damaged_entry_is_packed_again(smollm_gguf: Path, logits: Callable, cache: Path) -> None:
     reference, _ = load_model(smollm_gguf, dtype="float32")
+    packed_cache.wait_for_writes()
     [entry] = packed_cache.entries()
     whole = entry.stat().st_size
     with open(entry, "r+b") as f:
         f.truncate(whole // 2)
     again, _ = load_model(smollm_gguf, dtype="float32")
+    packed_cache.wait_for_writes()
     assert torch.equal(logits(reference), logits(again))
     [rewritten] = packed_cache.entries()
     assert rewritten.stat().st_size == whole  # the whole packing, written anew
@@ -98,6 +101,7 @@ def test_least_recently_used_entries_make_room(cache: Path, monkeypatch: pytest.
 def test_off_writes_nothing(smollm_gguf: Path, cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(packed_cache.ENV_GB, "0")
     load_model(smollm_gguf, dtype="float32")
+    packed_cache.wait_for_writes()
     assert packed_cache.entries() == []
     assert not cache.exists()
 
@@ -110,5 +114,23 @@ def test_unwritable_folder_only_skips_the_cache(smollm_gguf: Path, logits: Calla
     monkeypatch.setenv(packed_cache.ENV_DIR, str(blocker / "packed"))
     monkeypatch.setenv(packed_cache.ENV_GB, "4")
     model, _ = load_model(smollm_gguf, dtype="float32")
+    packed_cache.wait_for_writes()
     assert "not keeping packed weights" in capfd.readouterr().err
     assert logits(model).isfinite().all()
+
+
+def test_changes_after_the_load_stay_out_of_the_file(smollm_gguf: Path, cache: Path,
+                                                     logits: Callable) -> None:
+    """The engine replaces parts of a loaded model (its decode plan, an int8 output layer)
+    while the packed weights are written: the file holds the model as loaded."""
+    first, _ = load_model(smollm_gguf, dtype="float32")
+    head = first.lm_head
+    first.lm_head = torch.nn.Identity()
+    first.cpu_decode = object()  # not even picklable
+    packed_cache.wait_for_writes()
+    first.lm_head = head
+    second, _ = load_model(smollm_gguf, dtype="float32")
+    assert second.lm_head is not None and type(second.lm_head) is type(head)
+    assert second.cpu_decode is None
+    first.cpu_decode = None
+    assert torch.equal(logits(first), logits(second))

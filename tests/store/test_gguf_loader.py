@@ -239,3 +239,43 @@ def test_llama3_rope_freqs_become_rope_scaling(tmp_path):
     odd = write_tiny_gguf(tmp_path / "odd.gguf", "F32", rope_freqs=np.linspace(1, 3, 8))
     with pytest.raises(ValueError, match=r"odd\.gguf: rope_freqs.weight does not match"):
         read_gguf(odd)
+
+
+@pytest.mark.smollm
+def test_saved_tokenizer_answers_as_transformers(smollm_gguf, store_home):
+    """A converted tokenizer, read back with the `tokenizers` backend alone (transformers
+    imported beside it), encodes, decodes and names tokens exactly as the transformers one."""
+    import random
+
+    from localpaged.model.gguf_loader import hf_tokenizer_from_gguf, tokenizer_from_gguf
+    from localpaged.model.saved_tokenizer import SavedTokenizer
+
+    ref = hf_tokenizer_from_gguf(smollm_gguf)  # converts and saves
+    tok = tokenizer_from_gguf(smollm_gguf)
+    fast = tok.hf
+    assert isinstance(fast, SavedTokenizer)
+    assert (len(fast), fast.eos_token_id, fast.bos_token_id, fast.chat_template) == (
+        len(ref), ref.eos_token_id, ref.bos_token_id, ref.chat_template)
+    assert fast.get_vocab() == ref.get_vocab()
+    texts = ["What is the capital of France?", "  two  spaces\tand\ttabs\n\nnewlines ",
+             "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n", "Café 中文 🙂 naïve",
+             "def f(x):\n    return x ** 2  # code", "", " ", "<fim_prefix>a<fim_suffix>b"]
+    for text in texts:
+        for special in (True, False):
+            assert fast.encode(text, add_special_tokens=special) == ref.encode(
+                text, add_special_tokens=special), (text, special)
+    rng = random.Random(0)
+    specials = sorted(ref.all_special_ids)
+    for _ in range(50):
+        ids = [rng.randrange(len(ref)) for _ in range(rng.randrange(1, 30))]
+        ids[rng.randrange(len(ids))] = rng.choice(specials)
+        for skip in (True, False):
+            assert fast.decode(ids, skip_special_tokens=skip) == ref.decode(
+                ids, skip_special_tokens=skip, clean_up_tokenization_spaces=False)
+        assert [fast.convert_ids_to_tokens(i) for i in ids] == ref.convert_ids_to_tokens(ids)
+    assert {i for i, t in fast.added_tokens_decoder.items() if t.special} == {
+        i for i, t in ref.added_tokens_decoder.items() if t.special}
+    chat = [{"role": "user", "content": "Hello?"}]
+    assert tok.render_chat(chat) == ref.apply_chat_template(chat, tokenize=False,
+                                                            add_generation_prompt=True)
+    assert type(tok.hf_full) is type(ref)

@@ -1,0 +1,89 @@
+"""A saved HF tokenizer (tokenizer.json + tokenizer_config.json) usable before transformers
+is imported.
+
+Importing transformers takes a second or two (it scans its model folders), longer than
+mapping a cached model's weights, so it would hold up every load. `SavedTokenizer` answers
+what needs only the `tokenizers` backend at once (encode, decode, the vocabulary, special
+tokens) and builds the transformers tokenizer in a background thread for the rest (chat
+templates, xgrammar), waiting for it only when one of those is first asked for.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+
+class SavedTokenizer:
+    """The HF tokenizer saved in `folder`, the transformers object made by `load_full`."""
+
+    def __init__(self, folder: Path, load_full: Callable[[], Any]) -> None:
+        from tokenizers import Tokenizer as Backend
+
+        self.backend = Backend.from_file(str(folder / "tokenizer.json"))
+        with open(folder / "tokenizer_config.json", encoding="utf-8") as f:
+            config = json.load(f)
+        template = config.get("chat_template")
+        jinja = folder / "chat_template.jinja"
+        if template is None and jinja.is_file():
+            template = jinja.read_text(encoding="utf-8")
+        self.chat_template: str | None = template if isinstance(template, str) else None
+        self.eos_token_id = self._special_id(config.get("eos_token"))
+        self.bos_token_id = self._special_id(config.get("bos_token"))
+        self.added_tokens_decoder = self.backend.get_added_tokens_decoder()
+        self._load_full = load_full
+        self._full: Any = None
+        self._error: BaseException | None = None
+        self._ready = threading.Event()
+        # A daemon: a process that never needs the full tokenizer does not wait for it to exit.
+        threading.Thread(target=self._build, name="localpaged-tokenizer", daemon=True).start()
+
+    def _special_id(self, token: Any) -> int | None:
+        if isinstance(token, dict):
+            token = token.get("content")
+        return self.backend.token_to_id(token) if isinstance(token, str) else None
+
+    def _build(self) -> None:
+        try:
+            self._full = self._load_full()
+        except BaseException as exc:  # raised to whoever asks for it
+            self._error = exc
+        finally:
+            self._ready.set()
+
+    def full(self) -> Any:
+        """The transformers tokenizer (waits for the background load)."""
+        self._ready.wait()
+        if self._error is not None:
+            raise self._error
+        return self._full
+
+    def __len__(self) -> int:
+        return self.backend.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False,
+               clean_up_tokenization_spaces: bool = False) -> str:
+        if clean_up_tokenization_spaces:
+            return self.full().decode(list(ids), skip_special_tokens=skip_special_tokens,
+                                      clean_up_tokenization_spaces=True)
+        return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def get_vocab(self) -> dict[str, int]:
+        return self.backend.get_vocab(with_added_tokens=True)
+
+    def convert_ids_to_tokens(self, token_id: int) -> str | None:
+        return self.backend.id_to_token(int(token_id))
+
+    def apply_chat_template(self, *args: Any, **kwargs: Any) -> Any:
+        return self.full().apply_chat_template(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:  # the rest of the HF interface
+        if name.startswith("_") or name in ("backend", "full"):
+            raise AttributeError(name)
+        return getattr(self.full(), name)
