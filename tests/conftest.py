@@ -34,7 +34,7 @@ def cache_dir() -> Path:
     return test_cache_dir()
 
 
-def _save_tiny(path: Path, *, qwen2: bool = False, qwen3: bool = False,
+def _save_tiny(path: Path, *, qwen2: bool = False, qwen3: bool = False, moe: bool = False,
                **overrides: object) -> Path:
     import torch
     from transformers import (
@@ -44,6 +44,8 @@ def _save_tiny(path: Path, *, qwen2: bool = False, qwen3: bool = False,
         Qwen2ForCausalLM,
         Qwen3Config,
         Qwen3ForCausalLM,
+        Qwen3MoeConfig,
+        Qwen3MoeForCausalLM,
     )
 
     torch.manual_seed(0)
@@ -68,6 +70,19 @@ def _save_tiny(path: Path, *, qwen2: bool = False, qwen3: bool = False,
             for layer in model.model.layers:
                 for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
                     proj.bias.normal_(0, 0.5)
+    elif moe:
+        # 8 experts, top 2 renormalized (Qwen3-30B-A3B's options), the second layer dense
+        # (mlp_only_layers), q/k norms as in Qwen3
+        model = Qwen3MoeForCausalLM(Qwen3MoeConfig(**{
+            "head_dim": 32, "num_experts": 8, "num_experts_per_tok": 2,
+            "moe_intermediate_size": 64, "norm_topk_prob": True, "mlp_only_layers": [1],
+            **common, "num_hidden_layers": 3}))
+        with torch.no_grad():
+            for layer in model.model.layers:
+                for norm in (layer.self_attn.q_norm, layer.self_attn.k_norm):
+                    norm.weight.uniform_(0.5, 1.5)
+                if hasattr(layer.mlp, "gate"):  # routers start at zeros: make them choose
+                    layer.mlp.gate.weight.normal_(0, 0.5)
     elif qwen3:
         # head_dim apart from hidden / heads (Qwen3's own: 128 beside 1024 / 16 in 0.6B)
         model = Qwen3ForCausalLM(Qwen3Config(**{"head_dim": 32, **common}))
@@ -91,6 +106,13 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tiny_qwen2(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A random 2-layer Qwen2 with non-zero q/k/v biases, saved as an HF folder."""
     return _save_tiny(tmp_path_factory.mktemp("tiny-qwen2"), qwen2=True)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_moe(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random 3-layer Qwen3-MoE (8 experts, top 2, renormalized; layer 1 a dense MLP),
+    saved as an HF folder."""
+    return _save_tiny(tmp_path_factory.mktemp("tiny-qwen3-moe"), moe=True)
 
 
 @pytest.fixture(scope="session")

@@ -132,8 +132,8 @@ class CpuDecodePlan:
         layers = []
         for layer in model.model.layers:
             attn, mlp = layer.self_attn, layer.mlp
-            if attn.qkv_proj is None or mlp.gate_up_proj is None:
-                return None
+            if attn.qkv_proj is None or getattr(mlp, "gate_up_proj", None) is None:
+                return None  # q/k/v or gate/up apart, or experts (a MoE layer)
             views = [_w4(m, model.dtype)
                      for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)]
             if any(v is None for v in views):

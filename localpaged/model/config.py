@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
-                           "Qwen3ForCausalLM")
+                           "Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
 
 # Keys of a rope dict that are not scaling parameters.
 _ROPE_NON_SCALING = {"rope_type", "type", "rope_theta"}
@@ -44,6 +44,15 @@ class ModelConfig:
     eos_token_id: int | list[int] | None = None
     quantization_config: dict[str, Any] | None = None
     sliding_window: int | None = None  # read, not applied: attention here is full causal
+    # A mixture of experts (Qwen3-MoE): `num_experts` MLPs of `moe_intermediate_size`, the
+    # router's top `num_experts_per_tok` per token, in layers i with (i + 1) % step == 0
+    # that are not in `mlp_only_layers`; the others keep one dense MLP.
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -53,6 +62,11 @@ class ModelConfig:
         if eos is None:
             return ()
         return tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
+
+    def is_moe_layer(self, index: int) -> bool:
+        """Whether layer `index` holds the experts (else one dense MLP)."""
+        return (self.num_experts > 0 and index not in self.mlp_only_layers
+                and (index + 1) % self.decoder_sparse_step == 0)
 
     @property
     def rope_type(self) -> str:
@@ -73,7 +87,10 @@ class ModelConfig:
         head_dim = cfg.get("head_dim") or hidden // num_heads
         rope_theta, rope_scaling = _rope_fields(cfg)
         is_qwen2 = arch == "Qwen2ForCausalLM"
-        is_qwen3 = arch == "Qwen3ForCausalLM"
+        is_qwen3 = arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
+        # transformers 5 writes num_local_experts, 4 num_experts
+        experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
+        moe = arch == "Qwen3MoeForCausalLM" and experts > 0
         attention_bias = bool(cfg.get("attention_bias", False))
         return cls(
             architecture=arch,
@@ -98,6 +115,12 @@ class ModelConfig:
             eos_token_id=cfg.get("eos_token_id"),
             quantization_config=cfg.get("quantization_config"),
             sliding_window=_sliding_window(cfg, arch),
+            num_experts=experts if moe else 0,
+            num_experts_per_tok=int(cfg.get("num_experts_per_tok") or 0) if moe else 0,
+            moe_intermediate_size=int(cfg.get("moe_intermediate_size") or 0) if moe else 0,
+            norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
+            decoder_sparse_step=int(cfg.get("decoder_sparse_step") or 1),
+            mlp_only_layers=tuple(int(i) for i in cfg.get("mlp_only_layers") or ()),
             raw=dict(cfg),
         )
 
@@ -111,14 +134,16 @@ class ModelConfig:
 def _sliding_window(cfg: dict[str, Any], arch: str) -> int | None:
     """Mistral's window, or Qwen2's / Qwen3's when use_sliding_window is on; None otherwise."""
     window = cfg.get("sliding_window")
-    if arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM") and not cfg.get("use_sliding_window", False):
+    if arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM") and not cfg.get(
+            "use_sliding_window", False):
         return None
     return int(window) if window else None
 
 
 def _arch_from_model_type(model_type: str | None) -> str:
     names = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
-             "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+             "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+             "qwen3_moe": "Qwen3MoeForCausalLM"}
     return names.get(model_type or "", f"<model_type {model_type!r}>")
 
 

@@ -41,6 +41,7 @@ _ARCHS = {
     "mistral": ("MistralForCausalLM", "mistral"),
     "qwen2": ("Qwen2ForCausalLM", "qwen2"),
     "qwen3": ("Qwen3ForCausalLM", "qwen3"),
+    "qwen3moe": ("Qwen3MoeForCausalLM", "qwen3_moe"),
 }
 # The ones llama.cpp's converter permutes q/k rows for (interleaved rotary -> half split).
 _PERMUTED_ARCHS = {"llama", "mistral"}
@@ -57,7 +58,11 @@ _LAYER_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    "ffn_gate_inp": "mlp.gate",  # a MoE layer's router
 }
+# A MoE layer's experts, one 3-D tensor [experts, rows, columns] per projection.
+_EXPERT_NAMES = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj",
+                 "ffn_down_exps": "down_proj"}
 _TOP_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -243,7 +248,8 @@ class GGUFFile:
             "architectures": [hf_arch],
             "model_type": model_type,
             "hidden_size": hidden,
-            "intermediate_size": self._int("feed_forward_length"),
+            "intermediate_size": self._int(
+                "feed_forward_length", self.arch_key("expert_feed_forward_length")),
             "num_hidden_layers": self._int("block_count"),
             "num_attention_heads": n_heads,
             "num_key_value_heads": self._int("attention.head_count_kv", n_heads),
@@ -257,6 +263,15 @@ class GGUFFile:
             "attention_bias": "blk.0.attn_q.bias" in names,
             "torch_dtype": "float32",
         }
+        if arch == "qwen3moe":  # llama.cpp's graph: softmax, top k, weights renormalized
+            layers = int(config["num_hidden_layers"])
+            config.update(
+                num_experts=self._int("expert_count"),
+                num_experts_per_tok=self._int("expert_used_count"),
+                moe_intermediate_size=self._int("expert_feed_forward_length"),
+                norm_topk_prob=True,
+                mlp_only_layers=[i for i in range(layers)
+                                 if f"blk.{i}.ffn_gate_inp.weight" not in names])
         scaling = self.arch_key("rope.scaling.type")
         factor = self.arch_key("rope.scaling.factor")
         if scaling in ("linear", "yarn") and factor:
@@ -279,12 +294,26 @@ class GGUFFile:
         for t in self.reader.tensors:
             if t.name in _SKIPPED:
                 continue
+            m = _BLOCK_RE.fullmatch(t.name)
+            if m and m.group(2) in _EXPERT_NAMES and len(t.shape) == 3:
+                yield from self._experts(t, int(m.group(1)), _EXPERT_NAMES[m.group(2)])
+                self.reader.release(t.data)
+                continue
             hf = hf_tensor_name(t.name)
             if hf is None:
                 raise ValueError(f"{self.path}: unexpected tensor {t.name!r} in GGUF file")
             shape = tuple(int(d) for d in reversed(t.shape.tolist()))
             yield RawTensor(hf, t.name, t.tensor_type.name, shape, t.data)
             self.reader.release(t.data)
+
+    @staticmethod
+    def _experts(t: Any, layer: int, proj: str) -> Iterator[RawTensor]:
+        """A 3-D expert tensor as one 2-D tensor per expert (each expert's rows are
+        contiguous in the file, whole blocks: a view each)."""
+        shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+        for e in range(shape[0]):
+            yield RawTensor(f"model.layers.{layer}.mlp.experts.{e}.{proj}.weight",
+                            f"{t.name}[{e}]", t.tensor_type.name, shape[1:], t.data[e])
 
     def _rotary_heads(self, raw: RawTensor, config: dict[str, Any]) -> int | None:
         """The head count to undo llama.cpp's q/k permutation with, or None."""
@@ -341,11 +370,12 @@ class GGUFFile:
         come as int8 blocks (`localpaged.quant.ggml_int8.Int8Blocks`). Every other tensor is
         dequantized to float32 as in `weights()`, once, here. With `parts` the 4-bit matrices
         come unpacked, as `GgmlInt4Weight` (`QuantLinear.load` repacks those straight into
-        the CPU kernel's layout)."""
+        the CPU kernel's layout). A 4-bit matrix of fewer rows than a kernel tile's 16 (or not
+        a multiple: a small MoE router, say) comes dense."""
         config = self.hf_config()
         to_4bit = q4_parts if parts else q4_to_int4
         for raw in self.raw_tensors():
-            if raw.type_name in types and len(raw.shape) == 2:
+            if raw.type_name in types and len(raw.shape) == 2 and raw.shape[0] % 16 == 0:
                 yield raw.name, to_4bit(raw, self._rotary_heads(raw, config))
             elif int8 and _int8_fits(raw):
                 yield raw.name, q8_parts(raw, self._rotary_heads(raw, config))
@@ -380,12 +410,15 @@ class GGUFFile:
         converted: dict[str, int] = {}
         for t in self.reader.tensors:
             kind = t.tensor_type.name
-            if len(t.shape) != 2 or (kind, target) in (("F32", "float32"), ("BF16", "bfloat16")):
+            if len(t.shape) not in (2, 3) or (kind, target) in (("F32", "float32"),
+                                                                 ("BF16", "bfloat16")):
                 continue
             shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+            many, shape = (shape[0], shape[1:]) if len(shape) == 3 else (1, shape)  # experts
             # a 4-bit token embedding stays 4-bit where the CPU kernels are (`int8` says so)
             # and its rows fill their tiles
-            if kind in types and (t.name != "token_embd.weight" or (int8 and shape[0] % 16 == 0)):
+            if kind in types and shape[0] % 16 == 0 and (
+                    t.name != "token_embd.weight" or int8):
                 counts = four_bit
             elif int8 and w6_linear.wanted(kind, shape):  # type: ignore[arg-type]
                 counts = four_bit if kind in w6_linear.CODE_BOOK_TYPES else six_bit
@@ -393,7 +426,7 @@ class GGUFFile:
                 counts = eight_bit
             else:
                 counts = converted
-            counts[kind] = counts.get(kind, 0) + 1
+            counts[kind] = counts.get(kind, 0) + many
         parts = []
         if four_bit:
             parts.append(", ".join(f"{k} x {n}" for k, n in sorted(four_bit.items()))

@@ -151,12 +151,14 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device | str):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device | str,
+                 intermediate_size: int | None = None):
         super().__init__()
         c, kw = config, dict(dtype=dtype, device=device)
-        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=c.mlp_bias, **kw)
-        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=c.mlp_bias, **kw)
-        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=c.mlp_bias, **kw)
+        inter = intermediate_size or c.intermediate_size
+        self.gate_proj = nn.Linear(c.hidden_size, inter, bias=c.mlp_bias, **kw)
+        self.up_proj = nn.Linear(c.hidden_size, inter, bias=c.mlp_bias, **kw)
+        self.down_proj = nn.Linear(inter, c.hidden_size, bias=c.mlp_bias, **kw)
         self.gate_up_proj: nn.Module | None = None  # set by fuse_projections
 
     def fuse_projections(self) -> None:
@@ -172,13 +174,20 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device | str):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device | str,
+                 index: int = 0):
         super().__init__()
         eps = config.rms_norm_eps
         self.input_layernorm = RMSNorm(config.hidden_size, eps, dtype, device)
         self.self_attn = Attention(config, dtype, device)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, dtype, device)
-        self.mlp = MLP(config, dtype, device)
+        self.mlp: nn.Module
+        if config.is_moe_layer(index):
+            from localpaged.model.moe import SparseMoE
+
+            self.mlp = SparseMoE(config, dtype, device)
+        else:
+            self.mlp = MLP(config, dtype, device)
 
     def forward(
         self,
@@ -202,7 +211,7 @@ class LlamaModel(nn.Module):
         weight = torch.empty(config.vocab_size, config.hidden_size, dtype=dtype, device=device)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, _weight=weight)
         self.layers = nn.ModuleList(
-            DecoderLayer(config, dtype, device) for _ in range(config.num_layers)
+            DecoderLayer(config, dtype, device, i) for i in range(config.num_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
 

@@ -38,7 +38,7 @@ def hf_greedy(folder: Path, batch: list[list[int]]) -> tuple[list[list[int]], li
     return tokens, logprobs
 
 
-@pytest.fixture(scope="module", params=["tiny_llama", "tiny_qwen2", "tiny_qwen3"])
+@pytest.fixture(scope="module", params=["tiny_llama", "tiny_qwen2", "tiny_qwen3", "tiny_qwen3_moe"])
 def model_and_reference(request: pytest.FixtureRequest) -> tuple[Path, list, list, list]:
     folder = request.getfixturevalue(request.param)
     batch = prompts()

@@ -21,7 +21,7 @@ def run(folder: Path, prompts: list[list[int]]) -> tuple[list[list[int]], int]:
     return first, llm.engine.stats().prefix_cache_hits
 
 
-@pytest.mark.parametrize("fixture", ["tiny_llama", "tiny_qwen3"])
+@pytest.mark.parametrize("fixture", ["tiny_llama", "tiny_qwen3", "tiny_qwen3_moe"])
 def test_engine_on_triton_kernels_matches_torch(fixture: str, request: pytest.FixtureRequest,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     folder = request.getfixturevalue(fixture)
