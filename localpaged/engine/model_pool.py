@@ -283,13 +283,17 @@ class ModelPool:
                     extra = self._over_limits()
                 self._close_all(extra)
             log.info("loaded %s (%.2f GiB)", name, size / 2**30)
-            future.set_result(model)
         except BaseException as exc:
+            self._load_done(name)  # a failed load is not remembered: the next request tries again
             future.set_exception(exc)
-        finally:
-            with self._cond:
-                self._loading.pop(name, None)
-                self._cond.notify_all()
+        else:
+            self._load_done(name)
+            future.set_result(model)
+
+    def _load_done(self, name: str) -> None:
+        with self._cond:
+            self._loading.pop(name, None)
+            self._cond.notify_all()
 
     def _estimate(self, name: str) -> int:
         try:
