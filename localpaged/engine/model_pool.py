@@ -54,6 +54,7 @@ class LoadedModel:
     default_keep_alive: float = DEFAULT_KEEP_ALIVE  # when a lease names none
     keep_alive: float = DEFAULT_KEEP_ALIVE  # seconds idle before unloading; < 0: never
     owned: bool = True  # the pool closes the client when it unloads it
+    pinned: bool = False  # never unloaded (a server's one given client)
     loaded_at: float = field(default_factory=time.time)
     last_used: float = field(default_factory=time.monotonic)
     in_use: int = 0  # leases out
@@ -64,15 +65,19 @@ class LoadedModel:
     def idle(self) -> bool:
         return self.in_use == 0 and self.waiters == 0
 
+    @property
+    def evictable(self) -> bool:
+        return self.idle and not self.pinned
+
     def deadline(self) -> float | None:
         """When (time.monotonic) it unloads if still idle; None: never."""
-        if self.keep_alive < 0:
+        if self.keep_alive < 0 or self.pinned:
             return None
         return self.last_used + self.keep_alive
 
     def expires_at(self) -> float | None:
         """The unload time as a Unix time (counted from now while in use); None: never."""
-        if self.keep_alive < 0:
+        if self.keep_alive < 0 or self.pinned:
             return None
         if not self.idle:
             return time.time() + self.keep_alive
@@ -172,14 +177,15 @@ class ModelPool:
 
     # -- leasing -------------------------------------------------------------------------
     def add(self, client: EngineClient, *, name: str | None = None,
-            keep_alive: float | None = None, owned: bool = True,
+            keep_alive: float | None = None, owned: bool = True, pinned: bool = False,
             size_bytes: int | None = None) -> LoadedModel:
         """Put an already loaded client in the pool (under `name`, default its model name).
-        keep_alive: its default keep-alive (the pool's if None)."""
+        keep_alive: its default keep-alive (the pool's if None); owned: the pool closes it;
+        pinned: it is never unloaded."""
         ka = self.keep_alive if keep_alive is None else keep_alive
         model = LoadedModel(name or client.model_name, client,
                             client_memory(client) if size_bytes is None else size_bytes,
-                            default_keep_alive=ka, keep_alive=ka, owned=owned)
+                            default_keep_alive=ka, keep_alive=ka, owned=owned, pinned=pinned)
         model.aliases = served_aliases(client) | {model.name}
         with self._cond:
             if self._closed:
@@ -253,6 +259,8 @@ class ModelPool:
             model = self._find(name)
             if model is None:
                 return False
+            if model.pinned:
+                return True
             model.keep_alive = 0.0
             model.last_used = time.monotonic()
             self._cond.notify_all()
@@ -312,7 +320,7 @@ class ModelPool:
                     self.memory_budget is None or used + incoming <= self.memory_budget)
                 if fits:
                     break
-                if model.idle:
+                if model.evictable:
                     victims.append(self._models.pop(model.name))
                     used -= model.size_bytes
             return victims
@@ -327,7 +335,7 @@ class ModelPool:
                 self.memory_budget is not None and used > self.memory_budget)
             if not over:
                 break
-            if model.idle and len(self._models) > 1:
+            if model.evictable and len(self._models) > 1:
                 victims.append(self._models.pop(model.name))
         return victims
 
@@ -345,14 +353,14 @@ class ModelPool:
                 if self._closed:
                     return
                 now = time.monotonic()
-                expired = [m for m in self._models.values() if m.idle and
+                expired = [m for m in self._models.values() if m.evictable and
                            (d := m.deadline()) is not None and d <= now]
                 for m in expired:
                     del self._models[m.name]
                 expired += self._over_limits()
                 if not expired:
                     deadlines = [d for m in self._models.values()
-                                 if m.idle and (d := m.deadline()) is not None]
+                                 if m.evictable and (d := m.deadline()) is not None]
                     self._cond.wait(min(deadlines) - now if deadlines else None)
                     continue
             self._close_all(expired)
@@ -382,3 +390,20 @@ def _resident() -> int:
     from localpaged.engine.loading import resident_bytes
 
     return resident_bytes() or 0
+
+
+BUDGET_SHARE = 0.9  # of the memory free at start that loaded models may hold by default
+
+
+def default_memory_budget(device: str | None = None) -> int | None:
+    """The memory budget when none is given: 90% of the memory free now (the GPU's on CUDA,
+    else the machine's available RAM); None where it cannot be read."""
+    from localpaged.engine.config import EngineArgs, available_memory
+
+    if EngineArgs(model="", device=device).resolved_device().startswith("cuda"):
+        import torch
+
+        free, _ = torch.cuda.mem_get_info()
+        return int(BUDGET_SHARE * free)
+    available = available_memory()
+    return None if available is None else int(BUDGET_SHARE * available)
