@@ -281,6 +281,9 @@ class ModelPool:
                     raise ModelLoadError(f"model {name!r} failed to load: {exc}") from exc
                 grown = _resident() - before if before else 0
                 size = client_memory(client) or max(0, grown)
+                if self._closed:  # closed while it loaded: nobody will unload it later
+                    asyncio.run(client.close())
+                    raise RuntimeError("the model pool is closed")
                 with self._cond:
                     model = LoadedModel(name, client, size, default_keep_alive=self.keep_alive,
                                         keep_alive=self.keep_alive)

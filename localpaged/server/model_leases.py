@@ -74,11 +74,10 @@ async def bind_model(request: Request, name: str, keep_alive: float | None = Non
     until the response ends. keep_alive: seconds it stays loaded once idle (None: its
     default). 404 for an unknown name, 500 when the load fails."""
     state: ServerState = request.app.state.localpaged
-    key = loadable_name(state, name)
+    loaded = find_model(state, name)  # the registry is read only for a model to load
+    key = loaded.name if loaded is not None else loadable_name(state, name)
     if key is None:
-        if find_model(state, name) is None:
-            raise not_found(state, name)
-        key = name
+        raise not_found(state, name)
     try:
         lease = await state.pool.acquire(key, keep_alive)
     except UnknownModelError:
