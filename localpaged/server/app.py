@@ -190,16 +190,23 @@ def main(args: argparse.Namespace) -> int:
     engine_args = {k: getattr(args, k) for k in ("dtype", "device", "max_model_len", "kv_cache_gb", "max_step_ms")
                    if getattr(args, k, None) is not None}
     first = args.model or DEFAULT_MODEL
-    keep_alive = parse_keep_alive(getattr(args, "keep_alive", None))
+    max_loaded = getattr(args, "max_loaded_models", None)
+    max_loaded = DEFAULT_MAX_LOADED if max_loaded is None else max_loaded
     gb = getattr(args, "memory_budget", None)
+    try:
+        keep_alive = parse_keep_alive(getattr(args, "keep_alive", None))
+        if max_loaded < 1 or (gb is not None and not gb > 0):
+            raise ValueError("--max-loaded-models and --memory-budget must be positive")
+    except ValueError as exc:
+        print(f"localpaged: {exc}", file=sys.stderr)
+        return 2
     budget = int(gb * 2**30) if gb else default_memory_budget(engine_args.get("device"))
     sources: dict[str, str] = {}  # served names of the model named at start -> its argument
 
     def load(name: str, progress: Callable[[str], None]) -> EngineClient:
         return LocalClient.from_model(sources.get(name, name), **engine_args)
 
-    pool = ModelPool(load, max_loaded=getattr(args, "max_loaded_models", None) or DEFAULT_MAX_LOADED,
-                     memory_budget=budget,
+    pool = ModelPool(load, max_loaded=max_loaded, memory_budget=budget,
                      keep_alive=DEFAULT_KEEP_ALIVE if keep_alive is None else keep_alive,
                      estimate=pulled_size)
     client = LocalClient.from_model(first, **engine_args)
