@@ -4,7 +4,8 @@
 - A localpaged server already answering on `--port` (and no `--local`/`--serve`): attach to
   it, as Ollama's CLI does, so terminals and editors share one model.
 - Otherwise the in-process engine (LocalClient), loaded by the app in a thread with progress
-  (the default model is pulled on first use); `--serve` also serves the localhost API from it.
+  (the default model is pulled on first use); `--serve` also serves the localhost API over the
+  app's pool of loaded models.
 
 This module sits outside `localpaged.tui` and `localpaged.server` so that neither imports the
 other; it reaches the server through importlib.
@@ -22,8 +23,9 @@ from typing import Any
 import httpx
 
 from localpaged.engine.client import EngineClient
+from localpaged.engine.model_pool import ModelPool
 from localpaged.engine.remote import RemoteClient
-from localpaged.tui.app import ChatApp
+from localpaged.tui.app import KEPT_MODELS, ChatApp
 from localpaged.tui.history import History
 
 DEFAULT_MODEL = "smollm2:135m"
@@ -105,15 +107,16 @@ def list_pulled_models() -> list[str]:
         return []
 
 
-def start_server(port: int) -> Callable[[EngineClient], None]:
-    """`--serve`: serve the localhost API from the first loaded client."""
+def start_server(port: int, pool: ModelPool) -> Callable[[EngineClient], None]:
+    """`--serve`: once the first model is loaded, serve the localhost API over the app's pool
+    (requests name its models, or load other pulled ones into it)."""
     started: list[bool] = []
 
     def serve(client: EngineClient) -> None:
         if started:
             return
         server = importlib.import_module("localpaged.server.app")
-        server.serve_in_background(client, LOCALHOST, port,
+        server.serve_in_background(pool=pool, host=LOCALHOST, port=port,
                                    api_key=os.environ.get("LOCALPAGED_API_KEY") or None)
         started.append(True)
 
@@ -131,10 +134,14 @@ def build_app(args: argparse.Namespace, history: History) -> ChatApp:
         url = f"http://{LOCALHOST}:{port}/v1"
         key = os.environ.get("LOCALPAGED_API_KEY")
         return ChatApp(history, client=RemoteClient(url, api_key=key, model=model))
-    on_loaded = start_server(port) if args.serve else None
-    return ChatApp(history, model=model or DEFAULT_MODEL,
-                   loader=make_loader(engine_args(args), on_loaded),
-                   list_models=None if args.serve else list_pulled_models)
+    def on_loaded(client: EngineClient) -> None:
+        serve(client)  # --serve: the API over the app's pool, from the first load on
+
+    loader = make_loader(engine_args(args), on_loaded if args.serve else None)
+    pool = ModelPool(loader, max_loaded=KEPT_MODELS, keep_alive=-1)
+    serve = start_server(port, pool)
+    return ChatApp(history, model=model or DEFAULT_MODEL, loader=loader, pool=pool,
+                   list_models=list_pulled_models)
 
 
 def main(args: argparse.Namespace) -> int:

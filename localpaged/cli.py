@@ -59,6 +59,15 @@ def build_parser() -> argparse.ArgumentParser:
                        help="extra Host header value to accept (repeatable)")
     serve.add_argument("--allowed-origin", action="append", default=[],
                        help="extra CORS origin to allow (repeatable)")
+    serve.add_argument("--max-loaded-models", type=int, default=3, metavar="N",
+                       help="models kept loaded at once; the least recently used idle one is "
+                            "unloaded for another (default: 3)")
+    serve.add_argument("--memory-budget", type=float, default=None, metavar="GB",
+                       help="memory all loaded models may hold (weights and KV cache); default: "
+                            "90%% of the memory free at start (the GPU's on CUDA, else RAM)")
+    serve.add_argument("--keep-alive", default="5m", metavar="DURATION",
+                       help="how long an idle model stays loaded when a request says nothing "
+                            "(Ollama's keep_alive: '5m', '1h', '0', '-1' for ever; default: 5m)")
     _add_engine_args(serve)
     _add_step_bound_arg(serve)
     serve.set_defaults(handler=_lazy("localpaged.server.app", "main"))

@@ -30,26 +30,6 @@ def valid_model_name(name: str) -> bool:
             and "//" not in name and not name.endswith("/"))
 
 
-def served_names(state: ServerState) -> list[str]:
-    """The names the loaded model answers to (its own, and with `:latest` when it has no tag)."""
-    names = [state.client.model_name]
-    info = getattr(state.client, "model_info", None)
-    if info is not None and info.name and info.name not in names:
-        names.append(info.name)
-    for n in list(names):
-        if ":" not in n.rsplit("/", 1)[-1]:
-            names.append(f"{n}:latest")
-    return names
-
-
-def check_model(state: ServerState, name: str) -> None:
-    """404 unless `name` is the model this server has loaded."""
-    if name not in served_names(state):
-        raise APIError(404, f"model {name!r} not found: this server has "
-                       f"{state.client.model_name!r} loaded (start `localpaged serve {name}` "
-                       "to serve another)", param="model", code="model_not_found")
-
-
 def flatten_content(content: Any, param: str) -> str:
     """Message content as one string: a string, null, or a list of text parts."""
     if content is None:

@@ -1,5 +1,5 @@
-"""How Ollama's model endpoints see the loaded model and the model store (/api/tags, /api/show,
-/api/ps, /api/pull). The store is optional: without it, only the loaded model is listed."""
+"""How Ollama's model endpoints see the loaded models and the model store (/api/tags, /api/show,
+/api/ps, /api/pull). The store is optional: without it, only the loaded models are listed."""
 
 from __future__ import annotations
 
@@ -7,12 +7,14 @@ import asyncio
 import hashlib
 import threading
 from collections.abc import AsyncIterator
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from typing import Any
 
 from localpaged.engine.client import ModelInfo
-from localpaged.server.common import served_names, valid_model_name
+from localpaged.engine.model_pool import LoadedModel
+from localpaged.server.common import valid_model_name
 from localpaged.server.errors import APIError
+from localpaged.server.model_leases import find_model
 from localpaged.server.streams import ServerState
 
 
@@ -32,9 +34,9 @@ def parameter_size(n: int) -> str:
     return str(n)
 
 
-def _info(state: ServerState) -> ModelInfo:
-    info = getattr(state.client, "model_info", None)
-    return info if info is not None else ModelInfo(name=state.client.model_name)
+def _info(client: Any) -> ModelInfo:
+    info = getattr(client, "model_info", None)
+    return info if info is not None else ModelInfo(name=client.model_name)
 
 
 def _digest(info: ModelInfo) -> str:
@@ -47,10 +49,10 @@ def details(info: ModelInfo) -> dict[str, Any]:
             "quantization_level": info.quantization}
 
 
-def _loaded_entry(state: ServerState) -> dict[str, Any]:
-    info = _info(state)
-    name = state.client.model_name
-    return {"name": name, "model": name, "modified_at": _iso(state.started),
+def _loaded_entry(model: LoadedModel) -> dict[str, Any]:
+    info = _info(model.client)
+    name = model.name
+    return {"name": name, "model": name, "modified_at": _iso(model.loaded_at),
             "size": info.size_bytes, "digest": _digest(info), "details": details(info)}
 
 
@@ -85,37 +87,61 @@ def _store_entry(entry: Any) -> dict[str, Any]:
                         "quantization_level": str(getattr(entry, "quantization", "") or "")}}
 
 
-def list_models(state: ServerState) -> list[dict[str, Any]]:
-    """The loaded model first, then every other pulled model the store knows."""
-    rows = [_loaded_entry(state)]
+def _pulled() -> list[Any]:
     store = _store()
-    if store is not None:
-        try:
-            pulled = list(store.list_pulled())
-        except Exception:  # a broken registry must not break the loaded model's listing
-            pulled = []
-        names = set(served_names(state))
-        rows += [r for r in map(_store_entry, pulled) if r["name"] not in names]
+    if store is None:
+        return []
+    try:
+        return list(store.list_pulled())
+    except Exception:  # a broken registry must not break the loaded models' listing
+        return []
+
+
+def list_models(state: ServerState) -> list[dict[str, Any]]:
+    """The loaded models first (most recently used first), then every other pulled model."""
+    loaded = state.pool.loaded()
+    rows = [_loaded_entry(m) for m in loaded]
+    names = {n for m in loaded for n in m.aliases}
+    rows += [r for r in map(_store_entry, _pulled()) if r["name"] not in names]
     return rows
 
 
-def running_model(state: ServerState) -> dict[str, Any]:
-    """/api/ps: the loaded model (it stays loaded while the server runs)."""
-    row = _loaded_entry(state)
-    info = _info(state)
-    forever = datetime(2318, 1, 1, tzinfo=timezone.utc)
-    expires = forever if state.keep_alive < 0 else \
-        datetime.now(timezone.utc) + timedelta(seconds=state.keep_alive)
-    row.update(expires_at=expires.isoformat().replace("+00:00", "Z"),
-               size_vram=info.size_bytes if info.device.startswith("cuda") else 0,
-               context_length=state.context_length())
-    return row
+def model_ids(state: ServerState) -> list[tuple[str, float]]:
+    """(name, created) of every model requests may name: the loaded ones, then the pulled."""
+    return [(r["name"], _unix(r["modified_at"])) for r in list_models(state)]
+
+
+def _unix(iso: str) -> float:
+    try:
+        return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0
+
+
+def running_models(state: ServerState) -> list[dict[str, Any]]:
+    """/api/ps: every loaded model, most recently used first, with when it will be unloaded
+    (in 2318 for one that stays) and the memory it holds."""
+    rows = []
+    for model in state.pool.loaded():
+        row = _loaded_entry(model)
+        info = _info(model.client)
+        expires = model.expires_at()
+        when = (datetime(2318, 1, 1, tzinfo=timezone.utc) if expires is None
+                else datetime.fromtimestamp(expires, timezone.utc))
+        size = model.size_bytes or info.size_bytes
+        row.update(size=size, expires_at=when.isoformat().replace("+00:00", "Z"),
+                   size_vram=size if info.device.startswith("cuda") else 0,
+                   context_length=state.bind(model).context_length())
+        rows.append(row)
+    return rows
 
 
 def show_model(state: ServerState, name: str) -> dict[str, Any]:
-    """/api/show for the loaded model, or a pulled one the store knows (fewer details)."""
-    if name in served_names(state):
-        info = _info(state)
+    """/api/show for a loaded model, or a pulled one the store knows (fewer details)."""
+    model = find_model(state, name)
+    if model is not None:
+        state = state.bind(model)
+        info = _info(model.client)
         arch = info.architecture
         tok = state.tokenizer
         caps = ["completion"]
@@ -131,29 +157,27 @@ def show_model(state: ServerState, name: str) -> dict[str, Any]:
                                "general.basename": info.name,
                                "general.parameter_count": info.parameter_count,
                                f"{arch}.context_length": state.context_length()},
-                "capabilities": caps, "modified_at": _iso(state.started)}
+                "capabilities": caps, "modified_at": _iso(model.loaded_at)}
     if not valid_model_name(name):
         raise APIError(400, f"invalid model name {name!r}")
-    store = _store()
-    if store is not None:
-        for entry in store.list_pulled():
-            row = _store_entry(entry)
-            if row["name"] == name:
-                info: dict[str, Any] = {"general.basename": name}
-                ctx = getattr(entry, "context_length", None)
-                if ctx:
-                    info["general.context_length"] = ctx
-                return {"license": "", "modelfile": f"FROM {name}\n", "parameters": "",
-                        "template": getattr(entry, "chat_template", None) or "",
-                        "details": row["details"], "model_info": info,
-                        "capabilities": ["completion"], "modified_at": row["modified_at"]}
+    for entry in _pulled():
+        row = _store_entry(entry)
+        if row["name"] == name:
+            meta: dict[str, Any] = {"general.basename": name}
+            ctx = getattr(entry, "context_length", None)
+            if ctx:
+                meta["general.context_length"] = ctx
+            return {"license": "", "modelfile": f"FROM {name}\n", "parameters": "",
+                    "template": getattr(entry, "chat_template", None) or "",
+                    "details": row["details"], "model_info": meta,
+                    "capabilities": ["completion"], "modified_at": row["modified_at"]}
     raise APIError(404, f"model '{name}' not found")
 
 
 async def pull_progress(state: ServerState, name: str) -> AsyncIterator[dict[str, Any]]:
     """Ollama-style pull progress lines; the last one is `{"status": "success"}` or an error
     (with a `status_code` key the caller strips)."""
-    if name in served_names(state):
+    if find_model(state, name) is not None:
         yield {"status": "pulling manifest"}
         yield {"status": "success"}
         return

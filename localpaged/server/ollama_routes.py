@@ -17,7 +17,6 @@ from localpaged.model.thinking import ThinkingSplitter
 from localpaged.model.tool_calls import ToolStream
 from localpaged.server import embeddings, models_view
 from localpaged.server.common import (
-    check_model,
     count_chat_tokens,
     count_text_tokens,
     engine_messages,
@@ -32,6 +31,7 @@ from localpaged.server.common import (
     tool_setup,
 )
 from localpaged.server.errors import APIError
+from localpaged.server.model_leases import bind_model, known, not_found
 from localpaged.server.schemas import (
     OllamaChatRequest,
     OllamaEmbeddingsRequest,
@@ -96,14 +96,12 @@ def parse_keep_alive(value: str | float | None) -> float | None:
     return sign * total
 
 
-def _keep_alive(state: ServerState, value: str | float | None) -> float | None:
+def _keep_alive(value: str | float | None) -> float | None:
+    """A request's keep_alive in seconds (None: the model's default); 400 when malformed."""
     try:
-        seconds = parse_keep_alive(value)
+        return parse_keep_alive(value)
     except ValueError as exc:
-        raise APIError(400, str(exc)) from exc
-    if seconds is not None:
-        state.keep_alive = seconds
-    return seconds
+        raise APIError(400, str(exc), param="keep_alive") from exc
 
 
 def _params(state: ServerState, options: OllamaOptions | None, prompt_tokens: int | None,
@@ -134,12 +132,22 @@ def _final_fields(gen: Generation, last: StreamDelta) -> dict[str, Any]:
 
 
 def _load_reply(model: str, keep_alive: float | None, chat: bool) -> dict[str, Any]:
-    """Ollama's answer to a request with nothing to generate: load (or "unload") the model.
-    The model stays loaded either way: the chat tabs share it."""
+    """Ollama's answer to a request with nothing to generate: the model loaded, or (with
+    keep_alive 0) unloaded."""
     out: dict[str, Any] = {"model": model, "created_at": now_iso()}
     out.update({"message": {"role": "assistant", "content": ""}} if chat else {"response": ""})
     out.update({"done": True, "done_reason": "unload" if keep_alive == 0 else "load"})
     return out
+
+
+def _unload(request: Request, model: str, chat: bool) -> dict[str, Any]:
+    """keep_alive 0 and nothing to generate: unload `model` once its requests in flight are
+    answered (it is not loaded just for that; a model the server was given stays)."""
+    state = _state(request)
+    if not known(state, model):
+        raise not_found(state, model)
+    state.pool.unload(model)
+    return _load_reply(model, 0, chat)
 
 
 async def _respond(gen: Generation, request: Request, model: str, stream: bool,
@@ -205,9 +213,10 @@ async def _respond(gen: Generation, request: Request, model: str, stream: bool,
 
 @router.post("/chat")
 async def chat(body: OllamaChatRequest, request: Request) -> Any:
-    state = _state(request)
-    check_model(state, body.model)
-    keep_alive = _keep_alive(state, body.keep_alive)
+    keep_alive = _keep_alive(body.keep_alive)
+    if not body.messages and keep_alive == 0:
+        return _unload(request, body.model, chat=True)
+    state = await bind_model(request, body.model, keep_alive)
     grammar = ollama_grammar(state, body.format)
     tools, _ = tool_setup(state, body.tools, "auto")
     if not body.messages:
@@ -249,9 +258,10 @@ async def _chat_generation(state: ServerState, model: str, messages: list[Messag
 
 @router.post("/generate")
 async def generate(body: OllamaGenerateRequest, request: Request) -> Any:
-    state = _state(request)
-    check_model(state, body.model)
-    keep_alive = _keep_alive(state, body.keep_alive)
+    keep_alive = _keep_alive(body.keep_alive)
+    if not body.prompt and not body.suffix and keep_alive == 0:
+        return _unload(request, body.model, chat=False)
+    state = await bind_model(request, body.model, keep_alive)
     grammar = ollama_grammar(state, body.format)
     if body.images:
         raise APIError(400, "images are not supported")
@@ -282,9 +292,7 @@ async def generate(body: OllamaGenerateRequest, request: Request) -> Any:
 
 @router.post("/embed")
 async def embed(body: OllamaEmbedRequest, request: Request) -> dict[str, Any]:
-    state = _state(request)
-    check_model(state, body.model)
-    _keep_alive(state, body.keep_alive)
+    state = await bind_model(request, body.model, _keep_alive(body.keep_alive))
     start = time.perf_counter()
     inputs = [body.input] if isinstance(body.input, str) else list(body.input)
     if not inputs:
@@ -298,9 +306,7 @@ async def embed(body: OllamaEmbedRequest, request: Request) -> dict[str, Any]:
 
 @router.post("/embeddings")
 async def embeddings_legacy(body: OllamaEmbeddingsRequest, request: Request) -> dict[str, Any]:
-    state = _state(request)
-    check_model(state, body.model)
-    _keep_alive(state, body.keep_alive)
+    state = await bind_model(request, body.model, _keep_alive(body.keep_alive))
     if not body.prompt:  # Ollama answers an empty prompt with an empty vector
         return {"embedding": []}
     vectors, _ = await embeddings.embed(state, [body.prompt], truncate=True, param="prompt")
@@ -319,7 +325,7 @@ async def tags(request: Request) -> dict[str, Any]:
 
 @router.get("/ps")
 async def ps(request: Request) -> dict[str, Any]:
-    return {"models": [models_view.running_model(_state(request))]}
+    return {"models": models_view.running_models(_state(request))}
 
 
 @router.post("/show")

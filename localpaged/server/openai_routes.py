@@ -14,16 +14,14 @@ from fastapi.responses import JSONResponse
 from localpaged.engine.client import StreamDelta
 from localpaged.model.thinking import ThinkingSplitter
 from localpaged.model.tool_calls import ToolCall, ToolFormat, ToolStream
-from localpaged.server import embeddings
+from localpaged.server import embeddings, models_view
 from localpaged.server.common import (
-    check_model,
     count_chat_tokens,
     count_text_tokens,
     engine_messages,
     fit_max_tokens,
     make_params,
     openai_grammar,
-    served_names,
     stop_list,
     thinking_splitter,
     token_text,
@@ -32,6 +30,7 @@ from localpaged.server.common import (
     tool_setup,
 )
 from localpaged.server.errors import APIError, error_body
+from localpaged.server.model_leases import bind_model, known, not_found
 from localpaged.server.schemas import (
     ChatCompletion,
     ChatCompletionRequest,
@@ -75,21 +74,22 @@ def _check_common(body: ChatCompletionRequest | CompletionRequest) -> None:
         raise APIError(400, f"n={body.n} is not supported: only n=1", param="n")
 
 
-@router.get("/models", summary="List the served model", response_model=ModelList)
+@router.get("/models", summary="List the models requests may name (loaded ones first)",
+            response_model=ModelList)
 async def list_models(request: Request) -> dict[str, Any]:
-    state = _state(request)
     return {"object": "list",
-            "data": [{"id": state.client.model_name, "object": "model",
-                      "created": int(state.started), "owned_by": "localpaged"}]}
+            "data": [{"id": name, "object": "model", "created": int(created),
+                      "owned_by": "localpaged"}
+                     for name, created in models_view.model_ids(_state(request))]}
 
 
-@router.get("/models/{model:path}", summary="Describe the served model",
-            response_model=ModelCard)
+@router.get("/models/{model:path}", summary="Describe a model", response_model=ModelCard)
 async def get_model(model: str, request: Request) -> dict[str, Any]:
     state = _state(request)
-    check_model(state, model)
-    return {"id": model, "object": "model", "created": int(state.started),
-            "owned_by": "localpaged"}
+    if not known(state, model):
+        raise not_found(state, model)
+    created = dict(models_view.model_ids(state)).get(model, state.started)
+    return {"id": model, "object": "model", "created": int(created), "owned_by": "localpaged"}
 
 
 def _chat_logprobs(state: ServerState, delta: StreamDelta) -> dict[str, Any] | None:
@@ -117,9 +117,8 @@ def _merge_chat_logprobs(parts: list[dict[str, Any] | None]) -> dict[str, Any] |
 @router.post("/chat/completions", summary="Chat completion (SSE with `stream: true`)",
              responses={200: {"model": ChatCompletion, "content": _SSE}})
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
-    state = _state(request)
-    check_model(state, body.model)
     _check_common(body)
+    state = await bind_model(request, body.model)
     tools, call_grammar = tool_setup(state, body.tools, body.tool_choice)
     grammar = openai_grammar(state, body.response_format)
     if grammar is not None and call_grammar is not None:
@@ -222,8 +221,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
 
 @router.post("/embeddings", summary="Embeddings of one input or a batch")
 async def create_embeddings(body: EmbeddingRequest, request: Request) -> dict[str, Any]:
-    state = _state(request)
-    check_model(state, body.model)
+    state = await bind_model(request, body.model)
     vectors, tokens = await embeddings.embed(state, embeddings.as_inputs(body.input),
                                              dimensions=body.dimensions)
     encode = embeddings.base64_floats if body.encoding_format == "base64" else list
@@ -305,9 +303,8 @@ def _completion_prompt(state: ServerState, body: CompletionRequest) -> str | lis
 @router.post("/completions", summary="Text completion; `suffix` for fill-in-the-middle",
              responses={200: {"model": Completion, "content": _SSE}})
 async def completions(body: CompletionRequest, request: Request) -> Any:
-    state = _state(request)
-    check_model(state, body.model)
     _check_common(body)
+    state = await bind_model(request, body.model)
     if body.echo:
         raise APIError(400, "echo is not supported", param="echo")
     if body.best_of not in (None, 1):
@@ -371,4 +368,4 @@ async def _complete(state: ServerState, gen: Generation, request: Request, cid: 
                          "usage": _usage(last)})
 
 
-__all__ = ["router", "served_names"]
+__all__ = ["router"]

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import anyio
@@ -15,6 +15,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from localpaged.engine.client import EngineClient, Message, Prompt, StreamDelta
+from localpaged.engine.model_pool import LoadedModel, ModelPool
 from localpaged.engine.request import SamplingParams
 from localpaged.server.errors import APIError
 from localpaged.server.metrics import ServerMetrics
@@ -22,13 +23,27 @@ from localpaged.server.metrics import ServerMetrics
 
 @dataclass
 class ServerState:
-    """What the routes share: the engine client, the names it answers to, limits and metrics."""
+    """What the routes share: the pool of loaded models, limits and metrics. A request's copy
+    is bound to the model it names (`bind`): `client` is that model's engine client."""
 
-    client: EngineClient
+    pool: ModelPool
     max_queued: int
     metrics: ServerMetrics = field(default_factory=ServerMetrics)
     started: float = field(default_factory=time.time)
-    keep_alive: float = 300.0  # seconds, as last asked by an Ollama client (informational)
+    # names the server may load on demand (the store's registered models); None: none
+    loadable: Callable[[], list[str]] | None = None
+    model: LoadedModel | None = None  # the model this copy is bound to
+
+    def bind(self, model: LoadedModel) -> ServerState:
+        """This state bound to `model` (metrics and limits shared)."""
+        return replace(self, model=model)
+
+    @property
+    def client(self) -> EngineClient:
+        """The bound model's engine client."""
+        if self.model is None:
+            raise RuntimeError("this server state is not bound to a model")
+        return self.model.client
 
     @property
     def tokenizer(self) -> Any:

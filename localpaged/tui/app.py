@@ -2,12 +2,14 @@
 
 The app holds no engine logic: it gets an `EngineClient` (or a `loader` that builds one from a
 model name, run in a thread so a slow or failing load leaves the app usable) and streams from it.
+Loaded models live in a `ModelPool` (the server's kind, shared with it under `--serve`): a
+switch keeps the previous model loaded while the pool's limits allow, so switching back is
+instant.
 Building clients, attaching to a running server and `--serve` live in `localpaged.chat_launcher`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable, Iterable
 from functools import partial
@@ -18,6 +20,7 @@ from textual.command import DiscoveryHit, Hit, Hits, Provider
 from textual.screen import Screen
 
 from localpaged.engine.client import EngineClient, EngineStats
+from localpaged.engine.model_pool import Lease, ModelLoadError, ModelPool
 from localpaged.tui.engine_screen import StatsHistory
 from localpaged.tui.history import History, data_dir
 from localpaged.tui.main_screen import ChatScreen
@@ -25,6 +28,7 @@ from localpaged.tui.session import ChatSettings, TurnTokenizer
 
 Progress = Callable[[str], None]
 Loader = Callable[[str, Progress], EngineClient]  # model name, progress -> client (in a thread)
+KEPT_MODELS = 2  # the model in use and the previous one, when no pool is given
 
 
 class ModelCommands(Provider):
@@ -74,11 +78,16 @@ class ChatApp(App[None]):
         home: Path | None = None,
         owns_client: bool = True,
         default_settings: ChatSettings | None = None,
+        pool: ModelPool | None = None,
     ) -> None:
         super().__init__()
         self.history = history
         self.client = client
         self.loader = loader
+        if pool is None and loader is not None:
+            pool = ModelPool(loader, max_loaded=KEPT_MODELS, keep_alive=-1)
+        self.models = pool  # the loaded models (`loader`'s), None for a given client only
+        self.lease: Lease | None = None  # the current model's, from `models`
         self.list_models = list_models
         self.data_dir = home or history.path.parent
         self.owns_client = owns_client
@@ -129,7 +138,14 @@ class ChatApp(App[None]):
             self.load_model(self.requested_model)
 
     async def on_unmount(self) -> None:
-        if self.owns_client and self.client is not None:
+        from_pool = self.lease is not None
+        if self.lease is not None:
+            self.lease.release()
+        if not self.owns_client:
+            return
+        if self.models is not None:
+            await self.models.close()
+        if self.client is not None and not from_pool:
             await self.client.close()
 
     # loading and switching models
@@ -138,7 +154,7 @@ class ChatApp(App[None]):
         self.run_worker(self._load(name), group="load", exclusive=True, exit_on_error=False)
 
     async def _load(self, name: str) -> None:
-        if self.loader is None:
+        if self.loader is None or self.models is None:
             self.notify("This app cannot switch models.", severity="warning")
             return
         self.requested_model = name
@@ -149,21 +165,23 @@ class ChatApp(App[None]):
             self.call_from_thread(self._set_loading, text)
 
         try:
-            client = await asyncio.to_thread(self.loader, name, progress)
+            lease = await self.models.acquire(name, progress=progress)
         except Exception as exc:
-            self.load_error = str(exc) or type(exc).__name__
+            cause = exc.__cause__ if isinstance(exc, ModelLoadError) and exc.__cause__ else exc
+            self.load_error = str(cause) or type(cause).__name__
             self._set_loading(None)
             self.notify(f"Could not load {name}: {self.load_error}", severity="error",
                         timeout=15)
             return
-        old, self.client = self.client, client
+        old, self.lease = self.lease, lease
+        client = self.client = lease.client
         screen = self._chat_screen()
         if screen is not None:
             for view in screen.views:
                 await view.stop()
                 view.session.set_model(client.model_name)
-        if old is not None and self.owns_client:
-            await old.close()
+        if old is not None:  # the previous model stays loaded while the pool has room
+            old.release()
         self._set_loading(None)
         self.notify(f"Model {client.model_name} loaded.")
 

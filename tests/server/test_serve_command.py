@@ -52,3 +52,17 @@ def test_serve_command(tiny_chat_model: Path) -> None:
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def test_serve_refuses_bad_pool_options_before_loading(capsys) -> None:
+    from localpaged.cli import build_parser
+    from localpaged.server.app import main
+
+    parser = build_parser()
+    args = parser.parse_args(["serve"])
+    assert (args.max_loaded_models, args.memory_budget, args.keep_alive) == (3, None, "5m")
+    for bad in (["--keep-alive", "forever"], ["--max-loaded-models", "0"],
+                ["--memory-budget", "-2"]):
+        assert main(parser.parse_args(["serve", "/no/such/model.gguf", *bad])) == 2
+    err = capsys.readouterr().err
+    assert "keep_alive='forever'" in err and "must be positive" in err

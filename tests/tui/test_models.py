@@ -177,3 +177,34 @@ async def test_serve_shares_the_loaded_engine(tmp_path: Path, tiny_chat_model: P
         assert tiny_chat_model.name in resp.text
         assert chat_launcher.server_running(port)
     history.close()
+
+
+async def test_switching_back_finds_the_previous_model_still_loaded(
+        tmp_path: Path, tiny_chat_model: Path) -> None:
+    """The app's pool keeps the model it switched away from: switching back loads nothing."""
+    import shutil
+
+    other = tmp_path / "other-tiny"
+    shutil.copytree(tiny_chat_model, other)
+    load = chat_launcher.make_loader({"dtype": "float32", "device": "cpu",
+                                      "num_kv_blocks": 64, "max_model_len": 256})
+    calls: list[str] = []
+
+    def loader(model: str, progress: Callable[[str], None]):
+        calls.append(model)
+        return load(model, progress)
+
+    first_name, other_name = str(tiny_chat_model), str(other)
+    app = ChatApp(History(tmp_path / "h.sqlite3"), model=first_name, loader=loader,
+                  list_models=lambda: [first_name, other_name])
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.client is not None and app.loading is None)
+        first = app.client
+        app.load_model(other_name)
+        await wait_for(pilot, lambda: app.client is not first and app.loading is None)
+        assert status(app).startswith(f"{other.name} · cpu")
+        app.load_model(first_name)
+        await wait_for(pilot, lambda: app.client is first and app.loading is None)
+        assert calls == [first_name, other_name]  # no second load of the first
+        assert app.models is not None
+        assert {m.name for m in app.models.loaded()} == {first_name, other_name}
