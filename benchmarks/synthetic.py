@@ -66,6 +66,19 @@ class Shape:
     qkv_bias: bool = False
     qk_norm: bool = False  # Qwen3: attn_q_norm / attn_k_norm per head
     head_size: int | None = None  # where it is not hidden / heads (Qwen3)
+    experts: int = 0  # a mixture of experts in every layer (qwen3moe): how many,
+    experts_used: int = 0  # the router's top k,
+    expert_intermediate: int = 0  # and each expert's MLP width
+
+    @property
+    def active_parameters(self) -> int:
+        """Parameters read per token (every expert counted only as used), at SmolLM2's
+        vocabulary."""
+        total = parameter_count(self)
+        if not self.experts:
+            return total
+        per_expert = 3 * self.hidden * self.expert_intermediate
+        return total - self.layers * (self.experts - self.experts_used) * per_expert
 
     @property
     def head_dim(self) -> int:
@@ -86,6 +99,11 @@ SHAPES: dict[str, Shape] = {
                         qk_norm=True, head_size=128),
     "qwen3:4b": Shape("qwen3", 2560, 36, 32, 8, 9728, True, 1000000.0, 40960, 1e-6, 151936,
                       qk_norm=True, head_size=128),
+    # A Qwen3-MoE trunk (Qwen3-30B-A3B's layout: every layer 8 of many experts, head dim 128)
+    # at ~2B parameters, ~0.5B of them read per token: the MoE benchmark's size.
+    "qwen3moe:2b-a0.5b": Shape("qwen3moe", 1024, 24, 16, 8, 3072, True, 1000000.0, 40960, 1e-6,
+                               151936, qk_norm=True, head_size=128, experts=48, experts_used=8,
+                               expert_intermediate=512),
     # Tiny shapes for tests and smoke runs (seconds to write and load).
     "tiny": Shape("llama", 64, 2, 4, 2, 128, True, 10000.0, 2048, 1e-5, VOCAB),
     "tiny-qwen2": Shape("qwen2", 64, 2, 4, 2, 128, False, 10000.0, 2048, 1e-6, VOCAB,
@@ -122,10 +140,17 @@ def tensor_specs(shape: Shape, vocab: int = VOCAB) -> list[TensorSpec]:
             specs += [TensorSpec(b + f"attn_{x}_norm.weight", (shape.head_dim,), "norm")
                       for x in ("k", "q")]
         specs += [TensorSpec(b + "attn_output.weight", (h, q), "matrix"),
-                  TensorSpec(b + "ffn_norm.weight", (h,), "norm"),
-                  TensorSpec(b + "ffn_gate.weight", (shape.intermediate, h), "matrix"),
-                  TensorSpec(b + "ffn_up.weight", (shape.intermediate, h), "matrix"),
-                  TensorSpec(b + "ffn_down.weight", (h, shape.intermediate), "matrix")]
+                  TensorSpec(b + "ffn_norm.weight", (h,), "norm")]
+        if shape.experts:  # the router (F32, as llama.cpp keeps it), the experts in 3-D
+            e, f = shape.experts, shape.expert_intermediate
+            specs += [TensorSpec(b + "ffn_gate_inp.weight", (e, h), "router"),
+                      TensorSpec(b + "ffn_gate_exps.weight", (e, f, h), "matrix"),
+                      TensorSpec(b + "ffn_up_exps.weight", (e, f, h), "matrix"),
+                      TensorSpec(b + "ffn_down_exps.weight", (e, h, f), "matrix")]
+        else:
+            specs += [TensorSpec(b + "ffn_gate.weight", (shape.intermediate, h), "matrix"),
+                      TensorSpec(b + "ffn_up.weight", (shape.intermediate, h), "matrix"),
+                      TensorSpec(b + "ffn_down.weight", (h, shape.intermediate), "matrix")]
     specs.append(TensorSpec("output_norm.weight", (h,), "norm"))
     if not shape.tied:
         specs.append(TensorSpec("output.weight", (vocab, h), "matrix"))
@@ -149,7 +174,7 @@ def float_chunks(shape_name: str, spec: TensorSpec) -> Iterator[np.ndarray]:
     if spec.kind == "bias":
         yield rng.standard_normal(spec.shape, dtype=np.float32) * np.float32(INIT_STD)
         return
-    rows, cols = spec.shape
+    rows, cols = int(np.prod(spec.shape[:-1])), spec.shape[-1]  # experts: rows of all
     step = max(1, CHUNK_ELEMENTS // cols)
     for start in range(0, rows, step):
         block = rng.standard_normal((min(step, rows - start), cols), dtype=np.float32)
@@ -159,11 +184,12 @@ def float_chunks(shape_name: str, spec: TensorSpec) -> Iterator[np.ndarray]:
 
 def float_values(shape_name: str, spec: TensorSpec) -> np.ndarray:
     """The whole tensor as float32 (for tests and small shapes)."""
-    return np.concatenate(list(float_chunks(shape_name, spec)))
+    return np.concatenate(list(float_chunks(shape_name, spec))).reshape(spec.shape)
 
 
 def stored_type(spec: TensorSpec, qtype: str) -> str:
-    """The GGML type a tensor is written as: matrices in `qtype`, norms and biases F32."""
+    """The GGML type a tensor is written as: matrices in `qtype`; norms, biases and a MoE
+    router F32."""
     return qtype if spec.kind == "matrix" else "F32"
 
 
@@ -181,17 +207,18 @@ def encode(shape_name: str, spec: TensorSpec, type_name: str) -> np.ndarray:
 
     if type_name == "F32":
         return float_values(shape_name, spec)
+    rows = int(np.prod(spec.shape[:-1]))
     if type_name == "F16":
-        out = np.empty(spec.shape, dtype=np.float16)
+        out = np.empty((rows, spec.shape[-1]), dtype=np.float16)
     else:
-        out = np.empty((spec.shape[0], nbytes(spec, type_name) // spec.shape[0]), dtype=np.uint8)
+        out = np.empty((rows, nbytes(spec, type_name) // rows), dtype=np.uint8)
     kind = gguf.GGMLQuantizationType[type_name]
     row = 0
     for block in float_chunks(shape_name, spec):
         n = block.shape[0]
         out[row:row + n] = block if type_name == "F16" else quantize(block, kind)
         row += n
-    return out
+    return out.reshape(*spec.shape[:-1], out.shape[-1])
 
 
 def file_name(shape_name: str, qtype: str) -> str:
@@ -252,6 +279,10 @@ def _add_metadata(writer: GGUFWriter, shape_name: str, shape: Shape, qtype: str,
     writer.add_rope_freq_base(shape.rope_theta)
     writer.add_layer_norm_rms_eps(shape.rms_eps)
     writer.add_vocab_size(vocab)
+    if shape.experts:
+        writer.add_expert_count(shape.experts)
+        writer.add_expert_used_count(shape.experts_used)
+        writer.add_expert_feed_forward_length(shape.expert_intermediate)
     writer.add_file_type(gguf.LlamaFileType[f"MOSTLY_{qtype}"].value)
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
@@ -321,7 +352,8 @@ def synthetic_gguf(shape_name: str, qtype: str, out: Path = DEFAULT_OUT,
         source = tokenizer or default_tokenizer_source()
         if log:
             print(f"writing {target} ({shape_name}, {qtype}, "
-                  f"{parameter_count(SHAPES[shape_name]) / 1e9:.3f} B parameters)", flush=True)
+                  f"{parameter_count(SHAPES[shape_name]) / 1e9:.3f} B parameters, "
+                  f"{SHAPES[shape_name].active_parameters / 1e9:.3f} B a token)", flush=True)
         _atomic(target, lambda tmp: write_gguf(shape_name, qtype, tmp, source, log=log))
     else:
         f16 = synthetic_gguf(shape_name, "F16", out, tokenizer, log)
@@ -350,12 +382,13 @@ def _llamacpp_quantize(f16: Path, target: Path, qtype: str, log: bool) -> None:
 def list_shapes(out: Path) -> None:
     print(f"vocabulary {VOCAB} (SmolLM2's tokenizer) for every shape; types: "
           f"{', '.join(GGUF_TYPES)} (gguf package), {', '.join(LLAMACPP_TYPES)} (llama.cpp)")
-    print(f"{'shape':<14}{'arch':<7}{'hidden':>7}{'layers':>7}{'heads':>6}{'kv':>4}"
-          f"{'inter':>7}{'tied':>6}{'bias':>6}{'real vocab':>11}{'params (this vocab)':>21}")
+    print(f"{'shape':<19}{'arch':<9}{'hidden':>7}{'layers':>7}{'heads':>6}{'kv':>4}"
+          f"{'inter':>7}{'tied':>6}{'bias':>6}{'real vocab':>11}{'params (this vocab)':>21}"
+          f"{'read a token':>14}")
     for name, s in SHAPES.items():
-        print(f"{name:<14}{s.arch:<7}{s.hidden:>7}{s.layers:>7}{s.heads:>6}{s.kv_heads:>4}"
+        print(f"{name:<19}{s.arch:<9}{s.hidden:>7}{s.layers:>7}{s.heads:>6}{s.kv_heads:>4}"
               f"{s.intermediate:>7}{s.tied!s:>6}{s.qkv_bias!s:>6}{s.real_vocab:>11}"
-              f"{parameter_count(s) / 1e9:>19.3f} B")
+              f"{parameter_count(s) / 1e9:>19.3f} B{s.active_parameters / 1e9:>12.3f} B")
     cached = sorted(out.glob("*.gguf")) if out.exists() else []
     print(f"\ncached in {out}:" + "".join(
         f"\n  {p.name}  {p.stat().st_size / 2**20:.0f} MiB" for p in cached) if cached
