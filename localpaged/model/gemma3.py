@@ -13,8 +13,9 @@ Sliding window: masked exactly in every attention path (`kernels.attention.paged
 local layers' KV past their window: for gemma3:1b (26 layers, 22 local, window 512, one KV head
 of 256) 1 KiB per token and layer in bf16, so a 32k-token chat holds 22 x (32768 - 512) KiB =
 693 MiB more than windowed local layers would (832 MiB in all instead of 139 MiB); for
-gemma3:4b (34 layers, 29 local, window 1024, 4 KV heads) 3.6 GiB more (4.25 GiB instead of
-0.6 GiB). Short chats, the common case, pay nothing.
+gemma3:4b (34 layers, 29 local, window 1024, 4 KV heads: 4 KiB per token and layer) 3.6 GiB
+more (4.25 GiB instead of 0.74 GiB). Chats within the window pay nothing; the time of a local
+layer follows its window (the attention paths read only the blocks it reaches).
 
 The native CPU decode layer (kernels.decode_layer) computes Llama's norms and SiLU MLP: it is
 refused for this family; the torch layers run, with the CPU matmul kernels.
