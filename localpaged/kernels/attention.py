@@ -218,19 +218,73 @@ def paged_attention_torch(
     return out.to(query.dtype)
 
 
+def paged_attention_windowed_torch(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    window: int,
+) -> torch.Tensor:
+    """`paged_attention_torch` with a sliding window: a query at position p sees the keys at
+    positions p - window + 1 .. p (HF's `kv_idx > q_idx - sliding_window`). Each request's
+    context is gathered from the first block its window reaches, so the work follows the
+    window, not the whole context."""
+    num_tokens, num_heads, head_dim = query.shape
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    b, lq, dev = meta.num_seqs, meta.max_query_len, query.device
+    if num_tokens == 0:
+        return torch.empty_like(query)
+
+    def layout() -> tuple[torch.Tensor, int, torch.Tensor, torch.Tensor, torch.Tensor]:
+        seq_lens = meta.seq_lens.long()
+        qsl = meta.query_start_loc.long()
+        q_lens = qsl[1:] - qsl[:-1]
+        first_blk = (seq_lens - q_lens - window + 1).clamp(min=0) // block_size
+        last_blk = (seq_lens - 1).clamp(min=0) // block_size
+        n_blocks = int((last_blk - first_blk).max()) + 1
+        idx = (first_blk[:, None] + torch.arange(n_blocks, device=dev)[None, :]).clamp(
+            max=meta.block_tables.shape[1] - 1)
+        blocks = meta.block_tables.long().gather(1, idx).flatten()
+        ctx = n_blocks * block_size
+        key_pos = (first_blk * block_size)[:, None, None] + torch.arange(ctx, device=dev)
+        seq_idx = torch.repeat_interleave(torch.arange(b, device=dev), q_lens)
+        row_in_seq = torch.arange(num_tokens, device=dev) - qsl[seq_idx]
+        q_pos = ((seq_lens - q_lens)[:, None] + torch.arange(lq, device=dev)[None, :])[:, :, None]
+        mask = (key_pos <= q_pos) & (key_pos > q_pos - window)
+        mask = mask & (key_pos < seq_lens[:, None, None])
+        valid_row = torch.arange(lq, device=dev)[None, :] < q_lens[:, None]
+        # padded query rows see their context's first key only (no NaNs)
+        mask = mask | (~valid_row[:, :, None] & (torch.arange(ctx, device=dev) == 0))
+        return blocks, ctx, seq_idx, row_in_seq, mask.unsqueeze(1)
+
+    blocks, ctx, seq_idx, row_in_seq, mask = meta.memo(f"attn.window.{window}", layout)
+    k = k_cache.index_select(0, blocks).view(b, ctx, num_kv_heads, head_dim).transpose(1, 2)
+    v = v_cache.index_select(0, blocks).view(b, ctx, num_kv_heads, head_dim).transpose(1, 2)
+    q = query.new_zeros(b, lq, num_heads, head_dim)
+    q[seq_idx, row_in_seq] = query
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2).to(k.dtype), k, v, attn_mask=mask, scale=scale,
+        enable_gqa=num_kv_heads != num_heads,
+    )
+    return out.transpose(1, 2)[seq_idx, row_in_seq].to(query.dtype)
+
+
 def paged_attention_triton(
     query: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Triton implementation of `paged_attention_torch`: the split-K decode kernel when every
-    request has one query token, else the prefill kernel (which also serves mixed batches)."""
+    request has one query token, else the prefill kernel (which also serves mixed batches).
+    `window`: see `paged_attention`."""
     require_triton()
     if meta.is_decode_only:
-        return paged_decode_attention(query, k_cache, v_cache, meta, scale)
-    return paged_prefill_attention(query, k_cache, v_cache, meta, scale)
+        return paged_decode_attention(query, k_cache, v_cache, meta, scale, window=window)
+    return paged_prefill_attention(query, k_cache, v_cache, meta, scale, window=window)
 
 
 def paged_attention(
@@ -239,10 +293,17 @@ def paged_attention(
     v_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """Causal attention of each request's new query tokens over its paged context."""
+    """Causal attention of each request's new query tokens over its paged context; with a
+    `window` (sliding-window layers) a query sees only the `window` latest positions up to
+    its own, masked exactly: the cache still holds the whole context."""
+    if window is not None and meta.max_seq_len <= window:
+        window = None  # every context fits its window: plain causal attention is the same
     if use_triton(query):
-        return paged_attention_triton(query, k_cache, v_cache, meta, scale)
+        return paged_attention_triton(query, k_cache, v_cache, meta, scale, window)
+    if window is not None:
+        return paged_attention_windowed_torch(query, k_cache, v_cache, meta, scale, window)
     if meta.is_decode_only and meta.memo("attn.cpu_kernel", lambda: supports(query, k_cache)):
         return paged_decode_attention_cpu(query, k_cache, v_cache, meta.block_tables,
                                           meta.seq_lens, scale)

@@ -22,12 +22,13 @@ if TYPE_CHECKING:
     from localpaged.kernels.attention import AttentionMetadata
 
 MIN_SPLIT_LEN = 256  # tokens: below this a split is not worth its reduction
+NO_WINDOW = 1 << 30  # the kernels' window argument when attention has no sliding window
 
 
 @jit
 def _decode_kernel(
     q_ptr, k_ptr, v_ptr, bt_ptr, seq_lens_ptr, out_ptr, lse_ptr,
-    scale, split_len,
+    scale, split_len, window,
     stride_qt, stride_qh,
     stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
     stride_bt,
@@ -37,13 +38,14 @@ def _decode_kernel(
     BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, SPLIT: tl.constexpr,
     DOT_PREC: tl.constexpr, UPCAST: tl.constexpr,
 ):
-    """Online-softmax attention of one request's GROUP query heads over one context split."""
+    """Online-softmax attention of one request's GROUP query heads over one context split,
+    of which only the last `window` positions of the context are seen."""
     seq = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + seq)
-    start = split * split_len
-    end = tl.minimum(start + split_len, seq_len)
+    start = tl.maximum(split * split_len, seq_len - window)
+    end = tl.minimum(split * split_len + split_len, seq_len)
 
     g = tl.arange(0, G_PAD)
     d = tl.arange(0, D_PAD)
@@ -154,10 +156,12 @@ def paged_decode_attention(
     meta: AttentionMetadata,
     scale: float,
     num_splits: int | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Decode attention: query [B, Hq, D] (one token per request) -> [B, Hq, D].
 
-    `num_splits` overrides the split-K heuristic (tests use it to exercise the reduction).
+    `num_splits` overrides the split-K heuristic (tests use it to exercise the reduction);
+    `window`: each query sees only the last `window` positions of its context (None: all).
     """
     num_seqs, num_heads, head_dim = query.shape
     assert query.stride(-1) == 1 and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
@@ -186,7 +190,7 @@ def paged_decode_attention(
     d_pad = next_pow2(head_dim, 16)
     _decode_kernel[(num_seqs, num_kv_heads, num_splits)](
         query, k_cache, v_cache, meta.block_tables, meta.seq_lens, dst, lse_arg,
-        scale, split_len,
+        scale, split_len, window or NO_WINDOW,
         query.stride(0), query.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),

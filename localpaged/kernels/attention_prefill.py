@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from localpaged.kernels._triton import interpreter_active, jit, next_pow2, tl
-from localpaged.kernels.attention_decode import kv_tile
+from localpaged.kernels.attention_decode import NO_WINDOW, kv_tile
 
 if TYPE_CHECKING:
     from localpaged.kernels.attention import AttentionMetadata
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 @jit
 def _prefill_kernel(
     q_ptr, k_ptr, v_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, out_ptr,
-    scale,
+    scale, window,
     stride_qt, stride_qh,
     stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
     stride_bt, stride_ot, stride_oh,
@@ -33,7 +33,8 @@ def _prefill_kernel(
     BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, TILE_N: tl.constexpr,
     DOT_PREC: tl.constexpr, UPCAST: tl.constexpr,
 ):
-    """Causal online-softmax attention of BLOCK_Q query tokens x GROUP heads of one request."""
+    """Causal online-softmax attention of BLOCK_Q query tokens x GROUP heads of one request;
+    a query at position p sees keys p - window + 1 .. p (`window` huge: no window)."""
     seq = tl.program_id(0).to(tl.int64)
     q_tile = tl.program_id(1)
     kvh = tl.program_id(2)
@@ -64,7 +65,10 @@ def _prefill_kernel(
     l_i = tl.full([BLOCK_Q * G_PAD], 0.0, tl.float32)
     acc = tl.full([BLOCK_Q * G_PAD, D_PAD], 0.0, tl.float32)
     kv_end = tl.minimum(seq_len, first_pos + (q_tile + 1) * BLOCK_Q)
-    for t0 in range(0, kv_end, TILE_N):
+    # the tile's first query row sees nothing before kv_start (aligned down to whole tiles)
+    kv_start = tl.maximum(first_pos + q_tile * BLOCK_Q - window + 1, 0)
+    kv_start = (kv_start // TILE_N) * TILE_N
+    for t0 in range(kv_start, kv_end, TILE_N):
         pos = t0 + tl.arange(0, TILE_N)
         n_mask = pos < kv_end
         blk = tl.load(bt_ptr + seq * stride_bt + pos // BLOCK_SIZE, mask=n_mask, other=0)
@@ -77,10 +81,14 @@ def _prefill_kernel(
             k = k.to(tl.float32)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * scale
         causal = n_mask[None, :] & (pos[None, :] <= q_pos[:, None])
+        causal = causal & (pos[None, :] > q_pos[:, None] - window)
         s = tl.where(causal, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])
+        # a row that has seen no key yet (its window starts past this tile): exp(-inf) = 0,
+        # not exp(-inf - -inf)
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(m_i - m_ref)
+        p = tl.exp(s - m_ref[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_ptr + blk[:, None] * stride_vb + off[:, None] * stride_vs
                     + kvh * stride_vh + d[None, :], mask=kv_mask, other=0.0)
@@ -102,8 +110,10 @@ def paged_prefill_attention(
     v_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """Prefill (or mixed) attention: query [T, Hq, D] flat over requests -> [T, Hq, D]."""
+    """Prefill (or mixed) attention: query [T, Hq, D] flat over requests -> [T, Hq, D];
+    `window`: the sliding window of `attention.paged_attention` (None: none)."""
     num_tokens, num_heads, head_dim = query.shape
     assert query.stride(-1) == 1 and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -119,7 +129,7 @@ def paged_prefill_attention(
     grid = (meta.num_seqs, -(-max(1, meta.max_query_len) // block_q), num_kv_heads)
     _prefill_kernel[grid](
         query, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc, out,
-        scale,
+        scale, window or NO_WINDOW,
         query.stride(0), query.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),

@@ -124,6 +124,8 @@ class CpuDecodePlan:
         """A plan for `model` (a localpaged Llama model on the CPU), or None if any layer
         does not qualify or the kernel does not build here."""
         c = model.config
+        if not getattr(model, "native_decode_supported", True):  # e.g. Gemma's norms and GeGLU
+            return None
         if (model.dtype not in DTYPES or c.head_dim > MAX_HEAD_DIM or c.head_dim % 2
                 or c.num_heads % c.num_kv_heads
                 or c.num_heads // c.num_kv_heads > MAX_QUERY_HEADS_PER_KV_HEAD

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
-                           "Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
+                           "Qwen3ForCausalLM", "Qwen3MoeForCausalLM",
+                           "Gemma3ForCausalLM")
 
 # Keys of a rope dict that are not scaling parameters.
 _ROPE_NON_SCALING = {"rope_type", "type", "rope_theta"}
@@ -85,7 +86,7 @@ class ModelConfig:
         num_heads = int(cfg["num_attention_heads"])
         hidden = int(cfg["hidden_size"])
         head_dim = cfg.get("head_dim") or hidden // num_heads
-        rope_theta, rope_scaling = _rope_fields(cfg)
+        rope_theta, rope_scaling = _rope_fields(_gemma3_global_rope(cfg, arch))
         is_qwen2 = arch == "Qwen2ForCausalLM"
         is_qwen3 = arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
         # transformers 5 writes num_local_experts, 4 num_experts
@@ -105,11 +106,11 @@ class ModelConfig:
             rope_theta=rope_theta,
             rope_scaling=rope_scaling,
             max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", arch == "Gemma3ForCausalLM")),
             qkv_bias=True if is_qwen2 else attention_bias,
             o_bias=False if is_qwen2 else attention_bias,
             mlp_bias=False if is_qwen2 or is_qwen3 else bool(cfg.get("mlp_bias", False)),
-            qk_norm=is_qwen3,
+            qk_norm=is_qwen3 or arch == "Gemma3ForCausalLM",
             torch_dtype=str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32"),
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_id=cfg.get("eos_token_id"),
@@ -140,10 +141,22 @@ def _sliding_window(cfg: dict[str, Any], arch: str) -> int | None:
     return int(window) if window else None
 
 
+def _gemma3_global_rope(cfg: dict[str, Any], arch: str) -> dict[str, Any]:
+    """Gemma 3's config as one rope: its global layers' (rope_theta, 1e6 by default, and the
+    scaling), which the fields name; the local layers' base is read by model.gemma3."""
+    if arch != "Gemma3ForCausalLM":
+        return cfg
+    params = cfg.get("rope_parameters")
+    if isinstance(params, dict) and isinstance(params.get("full_attention"), dict):
+        return {**cfg, "rope_parameters": params["full_attention"]}
+    return {"rope_theta": 1_000_000.0, **cfg}
+
+
 def _arch_from_model_type(model_type: str | None) -> str:
     names = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
              "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-             "qwen3_moe": "Qwen3MoeForCausalLM"}
+             "qwen3_moe": "Qwen3MoeForCausalLM",
+             "gemma3_text": "Gemma3ForCausalLM"}
     return names.get(model_type or "", f"<model_type {model_type!r}>")
 
 

@@ -42,6 +42,7 @@ _ARCHS = {
     "qwen2": ("Qwen2ForCausalLM", "qwen2"),
     "qwen3": ("Qwen3ForCausalLM", "qwen3"),
     "qwen3moe": ("Qwen3MoeForCausalLM", "qwen3_moe"),
+    "gemma3": ("Gemma3ForCausalLM", "gemma3_text"),
 }
 # The ones llama.cpp's converter permutes q/k rows for (interleaved rotary -> half split).
 _PERMUTED_ARCHS = {"llama", "mistral"}
@@ -63,6 +64,15 @@ _LAYER_NAMES = {
 # A MoE layer's experts, one 3-D tensor [experts, rows, columns] per projection.
 _EXPERT_NAMES = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj",
                  "ffn_down_exps": "down_proj"}
+# Gemma 3's four norms per layer: llama.cpp's names differ from the Llama family's meaning of
+# ffn_norm. Its converter stores every norm weight as 1 + w (Gemma3RMSNorm's factor): the
+# loader subtracts the 1 again (exact in float32: both lie in [0.5, 2]).
+_ARCH_LAYER_NAMES = {
+    "gemma3": {**_LAYER_NAMES, "post_attention_norm": "post_attention_layernorm",
+               "ffn_norm": "pre_feedforward_layernorm",
+               "post_ffw_norm": "post_feedforward_layernorm"},
+}
+_NORM_PLUS_ONE_ARCHS = {"gemma3"}
 _TOP_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -88,13 +98,15 @@ def kept_4bit(dtype: torch.dtype, float32_kernel: bool = False,
     return frozenset({"Q4_0", "Q4_1"}) if float32_kernel else frozenset()
 
 
-def hf_tensor_name(gguf_name: str) -> str | None:
-    """The HF (LlamaForCausalLM-style) name of a GGUF tensor, or None if it has none."""
+def hf_tensor_name(gguf_name: str, arch: str | None = None) -> str | None:
+    """The HF (LlamaForCausalLM-style) name of a GGUF tensor of architecture `arch`, or None
+    if it has none."""
     if gguf_name in _TOP_NAMES:
         return _TOP_NAMES[gguf_name]
+    names = _ARCH_LAYER_NAMES.get(arch or "", _LAYER_NAMES)
     m = _BLOCK_RE.fullmatch(gguf_name)
-    if m and m.group(2) in _LAYER_NAMES:
-        return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}.{m.group(3)}"
+    if m and m.group(2) in names:
+        return f"model.layers.{m.group(1)}.{names[m.group(2)]}.{m.group(3)}"
     return None
 
 
@@ -280,11 +292,32 @@ class GGUFFile:
         if freqs is not None:
             config["rope_scaling"] = llama3_rope_scaling(
                 np.asarray(freqs.data, dtype=np.float32), config["rope_theta"], head_dim, self.path)
+        if arch == "gemma3":
+            config.update(self._gemma3_config(config))
         for key in ("bos", "eos", "padding"):
             value = self.metadata.get(f"tokenizer.ggml.{key}_token_id")
             if value is not None:
                 config["pad_token_id" if key == "padding" else f"{key}_token_id"] = int(value)
         return config
+
+    def _gemma3_config(self, config: dict[str, Any]) -> dict[str, Any]:
+        """Gemma 3's own HF fields, as llama.cpp reads the file: local layers 5 of every 6
+        when the file names a sliding window, their rope base 10000, queries scaled by
+        head_dim ** -0.5 (by (hidden / heads) ** -0.5 for the 62-layer 27B)."""
+        window = self.arch_key("attention.sliding_window")
+        heads, layers = config["num_attention_heads"], config["num_hidden_layers"]
+        scalar = config["hidden_size"] // heads if layers == 62 else config["head_dim"]
+        out: dict[str, Any] = {
+            "hidden_activation": "gelu_pytorch_tanh",
+            "query_pre_attn_scalar": scalar,
+            "rope_local_base_freq": 10000.0,
+            "sliding_window": int(window) if window else None,
+            "sliding_window_pattern": 6,
+        }
+        softcap = self.arch_key("final_logit_softcapping")
+        if softcap:
+            out["final_logit_softcapping"] = float(softcap)
+        return out
 
     def raw_tensors(self) -> Iterator[RawTensor]:
         """Every weight tensor as stored (quantized bytes stay bytes), with its HF name. Once
@@ -299,7 +332,7 @@ class GGUFFile:
                 yield from self._experts(t, int(m.group(1)), _EXPERT_NAMES[m.group(2)])
                 self.reader.release(t.data)
                 continue
-            hf = hf_tensor_name(t.name)
+            hf = hf_tensor_name(t.name, self.architecture)
             if hf is None:
                 raise ValueError(f"{self.path}: unexpected tensor {t.name!r} in GGUF file")
             shape = tuple(int(d) for d in reversed(t.shape.tolist()))
@@ -352,6 +385,8 @@ class GGUFFile:
         heads = self._rotary_heads(raw, config)
         if heads:
             values = unpermute_rotary(values, heads)
+        if self.architecture in _NORM_PLUS_ONE_ARCHS and raw.gguf_name.endswith("norm.weight"):
+            values = values.astype(np.float32) - np.float32(1.0)
         if not values.flags.writeable:  # F32 data is a view of the read-only file mapping
             values = values.copy()
         return torch.from_numpy(values)

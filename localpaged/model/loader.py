@@ -71,7 +71,10 @@ def create_model(config: ModelConfig, dtype: torch.dtype) -> LlamaForCausalLM:
     The one place that decides dense vs quantized layers: the quant room replaces the
     branch below.
     """
-    model = LlamaForCausalLM(config, dtype, device="meta")
+    model_class = LlamaForCausalLM
+    if config.architecture == "Gemma3ForCausalLM":
+        from localpaged.model.gemma3 import Gemma3ForCausalLM as model_class
+    model = model_class(config, dtype, device="meta")
     if config.quantization_config is not None:
         from localpaged.quant.loader import quantize_modules
 
