@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
-                           "Qwen3ForCausalLM")
+                           "Qwen3ForCausalLM", "Phi3ForCausalLM")
 
 # Keys of a rope dict that are not scaling parameters.
-_ROPE_NON_SCALING = {"rope_type", "type", "rope_theta"}
+_ROPE_NON_SCALING = {"rope_type", "type", "rope_theta", "partial_rotary_factor"}
 
 
 @dataclass
@@ -44,6 +44,8 @@ class ModelConfig:
     eos_token_id: int | list[int] | None = None
     quantization_config: dict[str, Any] | None = None
     sliding_window: int | None = None  # read, not applied: attention here is full causal
+    # Rotary over the first head_dim * partial_rotary_factor dims of each head (Phi-4-mini)
+    partial_rotary_factor: float = 1.0
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -53,6 +55,11 @@ class ModelConfig:
         if eos is None:
             return ()
         return tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
+
+    @property
+    def rotary_dim(self) -> int:
+        """The dims of each head that rotary rotates (the first ones; the rest pass through)."""
+        return int(self.head_dim * self.partial_rotary_factor)
 
     @property
     def rope_type(self) -> str:
@@ -74,7 +81,10 @@ class ModelConfig:
         rope_theta, rope_scaling = _rope_fields(cfg)
         is_qwen2 = arch == "Qwen2ForCausalLM"
         is_qwen3 = arch == "Qwen3ForCausalLM"
-        attention_bias = bool(cfg.get("attention_bias", False))
+        is_phi3 = arch == "Phi3ForCausalLM"
+        if is_phi3:
+            rope_scaling = _phi3_rope_scaling(cfg, rope_scaling)
+        attention_bias = bool(cfg.get("attention_bias", False)) and not is_phi3
         return cls(
             architecture=arch,
             vocab_size=int(cfg["vocab_size"]),
@@ -91,13 +101,14 @@ class ModelConfig:
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             qkv_bias=True if is_qwen2 else attention_bias,
             o_bias=False if is_qwen2 else attention_bias,
-            mlp_bias=False if is_qwen2 or is_qwen3 else bool(cfg.get("mlp_bias", False)),
+            mlp_bias=False if is_qwen2 or is_qwen3 or is_phi3 else bool(cfg.get("mlp_bias", False)),
             qk_norm=is_qwen3,
             torch_dtype=str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32"),
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_id=cfg.get("eos_token_id"),
             quantization_config=cfg.get("quantization_config"),
             sliding_window=_sliding_window(cfg, arch),
+            partial_rotary_factor=_partial_rotary_factor(cfg),
             raw=dict(cfg),
         )
 
@@ -118,7 +129,7 @@ def _sliding_window(cfg: dict[str, Any], arch: str) -> int | None:
 
 def _arch_from_model_type(model_type: str | None) -> str:
     names = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
-             "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+             "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "phi3": "Phi3ForCausalLM"}
     return names.get(model_type or "", f"<model_type {model_type!r}>")
 
 
@@ -145,3 +156,27 @@ def _rope_fields(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
         return float(theta), None
     out["rope_type"] = rope_type
     return float(theta), out
+
+
+def _partial_rotary_factor(cfg: dict[str, Any]) -> float:
+    """The config's partial_rotary_factor: top level (transformers 4) or in rope_parameters."""
+    params = cfg.get("rope_parameters")
+    nested = params.get("partial_rotary_factor") if isinstance(params, dict) else None
+    factor = cfg.get("partial_rotary_factor", nested)
+    return float(factor) if factor is not None else 1.0
+
+
+def _phi3_rope_scaling(cfg: dict[str, Any], scaling: dict[str, Any] | None
+                       ) -> dict[str, Any] | None:
+    """Phi-3's rope dict as transformers reads it: the legacy names "su" and "yarn" mean
+    longrope, and the top-level original_max_position_embeddings (Phi3Config's default 4096
+    when absent) wins over the dict's."""
+    if scaling is None:
+        return None
+    out = dict(scaling)
+    if out.get("rope_type") in ("su", "yarn"):
+        out["rope_type"] = "longrope"
+    if out.get("rope_type") == "longrope":
+        out["original_max_position_embeddings"] = int(
+            cfg.get("original_max_position_embeddings") or 4096)
+    return out

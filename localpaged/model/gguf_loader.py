@@ -41,6 +41,7 @@ _ARCHS = {
     "mistral": ("MistralForCausalLM", "mistral"),
     "qwen2": ("Qwen2ForCausalLM", "qwen2"),
     "qwen3": ("Qwen3ForCausalLM", "qwen3"),
+    "phi3": ("Phi3ForCausalLM", "phi3"),
 }
 # The ones llama.cpp's converter permutes q/k rows for (interleaved rotary -> half split).
 _PERMUTED_ARCHS = {"llama", "mistral"}
@@ -57,15 +58,19 @@ _LAYER_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    "attn_qkv": "self_attn.qkv_proj",  # q, k and v in one matrix (phi3)
 }
+# Layer tensors whose meaning depends on the architecture: phi3's ffn_up holds gate and up.
+_ARCH_LAYER_NAMES = {("phi3", "ffn_up"): "mlp.gate_up_proj"}
 _TOP_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
 }
 _BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
-# Tensors that carry no HF weight (llama3 rope frequency factors are rebuilt from config).
-_SKIPPED = {"rope_freqs.weight"}
+# Tensors that carry no HF weight (llama3 rope frequency factors and phi3's LongRoPE factors
+# are rebuilt from config).
+_SKIPPED = {"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"}
 _BIG_FIELDS = {f"tokenizer.ggml.{k}" for k in ("tokens", "scores", "token_type", "merges")}
 
 SUPPORTED_TYPES = ggml_types.SUPPORTED_TYPES
@@ -83,11 +88,14 @@ def kept_4bit(dtype: torch.dtype, float32_kernel: bool = False,
     return frozenset({"Q4_0", "Q4_1"}) if float32_kernel else frozenset()
 
 
-def hf_tensor_name(gguf_name: str) -> str | None:
-    """The HF (LlamaForCausalLM-style) name of a GGUF tensor, or None if it has none."""
+def hf_tensor_name(gguf_name: str, arch: str | None = None) -> str | None:
+    """The HF (LlamaForCausalLM-style) name of a GGUF tensor of a model of GGUF architecture
+    `arch`, or None if it has none."""
     if gguf_name in _TOP_NAMES:
         return _TOP_NAMES[gguf_name]
     m = _BLOCK_RE.fullmatch(gguf_name)
+    if m and (arch, m.group(2)) in _ARCH_LAYER_NAMES:
+        return f"model.layers.{m.group(1)}.{_ARCH_LAYER_NAMES[arch, m.group(2)]}.{m.group(3)}"
     if m and m.group(2) in _LAYER_NAMES:
         return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}.{m.group(3)}"
     return None
@@ -265,6 +273,12 @@ class GGUFFile:
         if freqs is not None:
             config["rope_scaling"] = llama3_rope_scaling(
                 np.asarray(freqs.data, dtype=np.float32), config["rope_theta"], head_dim, self.path)
+        if arch == "phi3":
+            from localpaged.model.phi3 import GGUF_ROPE_FACTORS, gguf_rope_config
+
+            factors = {t.name: np.asarray(t.data, dtype=np.float32) for t in self.reader.tensors
+                       if t.name in GGUF_ROPE_FACTORS}
+            config = gguf_rope_config(config, self.metadata, factors)
         for key in ("bos", "eos", "padding"):
             value = self.metadata.get(f"tokenizer.ggml.{key}_token_id")
             if value is not None:
@@ -279,7 +293,7 @@ class GGUFFile:
         for t in self.reader.tensors:
             if t.name in _SKIPPED:
                 continue
-            hf = hf_tensor_name(t.name)
+            hf = hf_tensor_name(t.name, self.architecture)
             if hf is None:
                 raise ValueError(f"{self.path}: unexpected tensor {t.name!r} in GGUF file")
             shape = tuple(int(d) for d in reversed(t.shape.tolist()))
