@@ -662,4 +662,9 @@ def tokenizer_from_gguf(path: str | Path) -> Any:
             hf = None  # damaged: hf_tokenizer_from_gguf converts it again
     if hf is None:
         hf = hf_tokenizer_from_gguf(path)
-    return Tokenizer(hf, eos_token_ids=gguf_eos_token_ids(path))
+    eos = gguf_eos_token_ids(path)
+    if open_gguf(path).architecture == "phi3":
+        from localpaged.model.phi3 import gguf_turn_end_ids
+
+        eos += gguf_turn_end_ids(hf)
+    return Tokenizer(hf, eos_token_ids=eos)

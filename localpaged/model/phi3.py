@@ -9,6 +9,8 @@
 - Its GGUF (`phi3`) names the rotary width `rope.dimension_count` (not head_dim) and carries
   LongRoPE as two tensors, `rope_factors_long` / `rope_factors_short`, beside
   `rope.scaling.original_context_length` and `rope.scaling.attn_factor` (`gguf_rope_config`).
+  Its eos is `<|endoftext|>` alone while answers end with `<|end|>` (llama.cpp stops there by
+  the token's text): `gguf_turn_end_ids` adds it.
 """
 
 from __future__ import annotations
@@ -71,3 +73,12 @@ def gguf_rope_config(config: dict[str, Any], metadata: dict[str, Any],
         scaling["attention_factor"] = float(attn)
     out["rope_scaling"] = scaling
     return out
+
+
+def gguf_turn_end_ids(hf_tokenizer: Any) -> list[int]:
+    """The id of `<|end|>`, where the tokenizer of a `phi3` GGUF has it."""
+    backend = getattr(hf_tokenizer, "backend", None)  # a SavedTokenizer's
+    if not hasattr(backend, "token_to_id"):  # transformers': its `backend` is a name
+        backend = hf_tokenizer.backend_tokenizer
+    token_id = backend.token_to_id("<|end|>")
+    return [] if token_id is None else [int(token_id)]

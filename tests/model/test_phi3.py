@@ -120,6 +120,7 @@ def write_phi3_gguf(folder: Path, path: Path, qtype: str = "F32") -> Path:
     w.add_rope_scaling_attn_factors(
         float(np.sqrt(1 + np.log(scale) / np.log(scaling["original_max_position_embeddings"]))))
     tokens, merges = _byte_level_bpe(cfg.vocab_size)
+    tokens[-1] = "<|end|>"  # Phi's end of turn (the file's eos is another token)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("qwen2")
     w.add_token_list(tokens)
@@ -296,6 +297,33 @@ def test_q4_gguf_on_the_cpu_kernels_equals_transformers(fixture: str, tmp_path: 
                ref_logprobs, atol=1e-3)
 
 
+@pytest.mark.usefixtures("exact_float32")
+@pytest.mark.parametrize("method", ["awq", "gptq"])
+def test_awq_and_gptq_checkpoints_load_into_the_fused_layers(tiny_phi4: Path, method: str,
+                                                             tmp_path: Path, step_builder) -> None:
+    """AWQ / GPTQ files of Phi-3 (qkv_proj.qweight ...) load by name into the fused layers:
+    a long prompt's logits equal transformers' on the checkpoint's dequantized weights."""
+    from transformers import AutoModelForCausalLM
+
+    from localpaged.quant.awq import awq_quantize
+    from localpaged.quant.linear import QuantLinear
+    from localpaged.quant.writer import save_quantized
+    from tests.quant.test_quantize_tiny import hf_reference_logits
+
+    hf = AutoModelForCausalLM.from_pretrained(tiny_phi4, dtype=torch.float32)
+    layers = {f"model.layers.{n}": awq_quantize(m.weight.data, 32)
+              for n, m in hf.model.layers.named_modules() if isinstance(m, torch.nn.Linear)}
+    folder = save_quantized(hf, layers, tmp_path / method, method, 32, sym=False)
+    model, _ = load_model(folder, dtype="float32")
+    assert isinstance(model.model.layers[1].mlp.gate_up_proj, QuantLinear)
+    ids = _ids(40, 9)
+    caches = model.allocate_kv_caches(num_blocks=3, block_size=16)
+    positions, meta = step_builder([([2, 0, 1], 0, len(ids))], 16)
+    hidden = model(torch.tensor(ids), positions + model.rope_offset(len(ids)), caches, meta)
+    torch.testing.assert_close(model.compute_logits(hidden),
+                               hf_reference_logits(tiny_phi4, folder, ids), atol=2e-4, rtol=1e-4)
+
+
 def test_f32_gguf_equals_transformers(tiny: Path, tmp_path: Path, reference: tuple) -> None:
     """The F32 `phi3` GGUF reads as the HF folder (config, rope factors) and gives
     transformers' tokens and log-probabilities, cold and prefix-cached."""
@@ -306,6 +334,7 @@ def test_f32_gguf_equals_transformers(tiny: Path, tmp_path: Path, reference: tup
     assert (ours.head_dim, ours.rotary_dim, ours.tie_word_embeddings) == (
         theirs.head_dim, theirs.rotary_dim, theirs.tie_word_embeddings)
     assert torch.allclose(build_cos_sin(ours), build_cos_sin(theirs), atol=1e-6)
+    assert set(llm.engine.tokenizer.eos_token_ids) == {2, 511}  # eos and <|end|>
     for _ in range(2):
         _check(llm.generate([{"prompt_token_ids": p} for p in batch], GREEDY), ref_tokens,
                ref_logprobs)
@@ -325,3 +354,11 @@ def test_engine_on_triton_kernels_equals_transformers(tiny_phi4: Path,
     got, hits = run(tiny_phi4, batch)  # runs twice: the second from the prefix cache
     assert hits > 0
     assert got == [t[:6] for t in ref_tokens]
+
+
+def test_catalog_names_phi4_mini(tmp_path: Path) -> None:
+    from localpaged.store.catalog import load_catalog
+
+    entry = load_catalog(tmp_path / "no-user-catalog.toml")["phi4-mini"]
+    assert entry.repo == "bartowski/microsoft_Phi-4-mini-instruct-GGUF"
+    assert entry.weight_format == "gguf" and entry.file == "microsoft_Phi-4-mini-instruct-Q4_K_M.gguf"
