@@ -297,6 +297,28 @@ def test_q4_gguf_on_the_cpu_kernels_equals_transformers(fixture: str, tmp_path: 
                ref_logprobs, atol=1e-3)
 
 
+def test_q4_gguf_in_the_cpus_dtype_stays_close_to_transformers(tiny_phi4: Path,
+                                                              tmp_path: Path) -> None:
+    """The same Q4_0 GGUF with the defaults (bf16 where the CPU has it, int8 activations where
+    its kernels take them): each answer's first token, short and long prompts, is
+    transformers' best on the dequantized weights or within 0.1 of it in log-probability
+    (rounding may break the near ties of random tiny weights)."""
+    from transformers import AutoModelForCausalLM
+
+    path = write_phi3_gguf(tiny_phi4, tmp_path / "phi4-q4.gguf", "Q4_0")
+    hf = AutoModelForCausalLM.from_pretrained(_dequantized_copy(tiny_phi4, tmp_path / "hf", "Q4_0"),
+                                              dtype=torch.float32).eval()
+    batch = [_ids(n, n) for n in (5, 23, 40, 70)]
+    llm = LLM(str(path), max_num_batched_tokens=32, block_size=16)
+    params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+    for _ in range(2):  # the second time from the prefix cache
+        for prompt, out in zip(batch, llm.generate([{"prompt_token_ids": p} for p in batch],
+                                                   params), strict=True):
+            with torch.no_grad():
+                ref = torch.log_softmax(hf(torch.tensor([prompt])).logits[0, -1], -1)
+            assert ref.max() - ref[out.outputs[0].token_ids[0]] < 0.1
+
+
 @pytest.mark.usefixtures("exact_float32")
 @pytest.mark.parametrize("method", ["awq", "gptq"])
 def test_awq_and_gptq_checkpoints_load_into_the_fused_layers(tiny_phi4: Path, method: str,
