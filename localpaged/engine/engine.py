@@ -144,7 +144,8 @@ class LLMEngine:
         request_id = request_id or f"req-{next(self._ids)}"
         eos = tuple(self.tokenizer.eos_token_ids if self.tokenizer else
                     self.model_config.eos_token_ids or ())
-        request = Request(request_id, prompt_ids, params, eos, session_id)
+        rope_offset = getattr(self.model, "rope_offset", lambda n: 0)(len(prompt_ids))
+        request = Request(request_id, prompt_ids, params, eos, session_id, rope_offset)
         self.scheduler.add_request(request)
         self.stop_checkers[request_id] = StopChecker(self.tokenizer, params.stop)
         return request

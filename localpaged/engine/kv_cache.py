@@ -152,7 +152,8 @@ class KVCacheManager:
         while (len(request.block_hashes) + 1) * bs <= num_tokens:
             i = len(request.block_hashes)
             parent = request.block_hashes[-1] if i else None
-            request.block_hashes.append(hash_block(parent, tokens[i * bs:(i + 1) * bs]))
+            request.block_hashes.append(hash_block(parent, tokens[i * bs:(i + 1) * bs],
+                                                   request.cache_salt))
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVBlock], int]:
         """Blocks of the request's prompt already in the prefix cache, following the blocks it

@@ -116,12 +116,16 @@ class Request:
         params: SamplingParams,
         eos_token_ids: tuple[int, ...] = (),
         session_id: str | None = None,
+        rope_offset: int = 0,
     ) -> None:
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
         self.params = params
         self.eos_token_ids = eos_token_ids
         self.session_id = session_id or request_id
+        # Added to its positions to index the model's rotary table (LongRoPE: the long
+        # factors' rows; model.rope). K/V computed at one offset is not valid at another.
+        self.rope_offset = rope_offset
         self.arrival = next(_arrival)
         self.status = RequestStatus.WAITING
         self.output_token_ids: list[int] = []
@@ -131,6 +135,12 @@ class Request:
         self.num_preemptions = 0
         self.block_hashes: list[int] = []  # hashes of this request's full blocks, in order
         self.stop_reason: int | str | None = None
+
+    @property
+    def cache_salt(self) -> bytes:
+        """Mixed into its blocks' prefix-cache hashes: requests reading other rotary rows
+        (`rope_offset`) never share blocks."""
+        return b"" if not self.rope_offset else f"rope+{self.rope_offset}".encode()
 
     @property
     def num_prompt_tokens(self) -> int:

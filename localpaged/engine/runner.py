@@ -78,7 +78,7 @@ class ModelRunner:
             start, end = r.num_computed_tokens, r.num_computed_tokens + s.num_new_tokens
             blocks = kv.block_ids(r.request_id)
             input_ids.extend(r.all_token_ids[start:end])
-            positions.extend(range(start, end))
+            positions.extend(range(start + r.rope_offset, end + r.rope_offset))  # rotary rows
             slots.extend(blocks[p // bs] * bs + p % bs for p in range(start, end))
             query_start.append(query_start[-1] + s.num_new_tokens)
             seq_lens.append(end)

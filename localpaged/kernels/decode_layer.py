@@ -127,6 +127,7 @@ class CpuDecodePlan:
         if not getattr(model, "native_decode_supported", True):  # e.g. Gemma's norms and GeGLU
             return None
         if (model.dtype not in DTYPES or c.head_dim > MAX_HEAD_DIM or c.head_dim % 2
+                or model.cos_sin.shape[-1] != c.head_dim  # partial rotary: not in the kernel
                 or c.num_heads % c.num_kv_heads
                 or c.num_heads // c.num_kv_heads > MAX_QUERY_HEADS_PER_KV_HEAD
                 or not native.available()):

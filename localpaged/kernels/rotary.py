@@ -2,7 +2,10 @@
 
 `cos_sin` is a [max_positions, rotary_dim] table: cos in the first half of the last dim,
 sin in the second (built by `localpaged.model.rope`, which owns the rope-scaling kinds, Llama 3
-included: the kernels only read the table). rotary_dim must equal head_dim (no partial rotary).
+included: the kernels only read the table). A rotary_dim below head_dim is partial rotary
+(Phi-4-mini): the first rotary_dim dims of each head rotate as a head of that size would, the
+rest pass through unchanged. The native CPU kernel takes full rotary only (others fall back to
+torch).
 """
 
 from __future__ import annotations
@@ -40,8 +43,12 @@ def apply_rotary_torch(
         rows = _cos_sin_rows(cos_sin, positions)
         if cache is not None:
             cache["rotary.cos_sin"] = rows
-    num_q_heads = q.shape[1]
-    qk = _rotate(torch.cat((q, k), dim=1), *rows)  # q and k in one pass
+    num_q_heads, rot = q.shape[1], cos_sin.shape[-1]
+    qk = torch.cat((q, k), dim=1)  # q and k in one pass
+    if rot < q.shape[-1]:  # partial rotary: the dims past rot pass through
+        qk = torch.cat((_rotate(qk[..., :rot].contiguous(), *rows), qk[..., rot:]), dim=-1)
+    else:
+        qk = _rotate(qk, *rows)
     return qk[:, :num_q_heads], qk[:, num_q_heads:]
 
 
@@ -84,16 +91,17 @@ def apply_rotary_triton(
     q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Triton implementation of `apply_rotary_torch`, in place on q and k (views allowed:
-    any strides with a contiguous last dim). Returns (q, k)."""
+    any strides with a contiguous last dim). Returns (q, k). A table narrower than head_dim
+    rotates the first dims only (partial rotary)."""
     require_triton()
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
-    if cos_sin.shape[-1] != head_dim or head_dim % 2:
-        raise ValueError(f"rotary table width {cos_sin.shape[-1]} must equal the (even) "
-                         f"head_dim {head_dim}: partial rotary is not supported")
+    rot = cos_sin.shape[-1]
+    if rot > head_dim or rot % 2 or rot == 0:
+        raise ValueError(f"rotary table width {rot} must be even and at most head_dim {head_dim}")
     assert q.stride(-1) == 1 and k.stride(-1) == 1 and cos_sin.stride(-1) == 1
     if num_tokens:
-        half = head_dim // 2
+        half = rot // 2
         _rotary_kernel[(num_tokens,)](
             q, k, positions, cos_sin,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos_sin.stride(0),

@@ -13,10 +13,10 @@ from typing import Any
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
                            "Qwen3ForCausalLM", "Qwen3MoeForCausalLM",
-                           "Gemma3ForCausalLM")
+                           "Gemma3ForCausalLM", "Phi3ForCausalLM")
 
 # Keys of a rope dict that are not scaling parameters.
-_ROPE_NON_SCALING = {"rope_type", "type", "rope_theta"}
+_ROPE_NON_SCALING = {"rope_type", "type", "rope_theta", "partial_rotary_factor"}
 
 
 @dataclass
@@ -54,6 +54,8 @@ class ModelConfig:
     norm_topk_prob: bool = False
     decoder_sparse_step: int = 1
     mlp_only_layers: tuple[int, ...] = ()
+    # Rotary over the first head_dim * partial_rotary_factor dims of each head (Phi-4-mini)
+    partial_rotary_factor: float = 1.0
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -68,6 +70,11 @@ class ModelConfig:
         """Whether layer `index` holds the experts (else one dense MLP)."""
         return (self.num_experts > 0 and index not in self.mlp_only_layers
                 and (index + 1) % self.decoder_sparse_step == 0)
+
+    @property
+    def rotary_dim(self) -> int:
+        """The dims of each head that rotary rotates (the first ones; the rest pass through)."""
+        return int(self.head_dim * self.partial_rotary_factor)
 
     @property
     def rope_type(self) -> str:
@@ -92,7 +99,10 @@ class ModelConfig:
         # transformers 5 writes num_local_experts, 4 num_experts
         experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
         moe = arch == "Qwen3MoeForCausalLM" and experts > 0
-        attention_bias = bool(cfg.get("attention_bias", False))
+        is_phi3 = arch == "Phi3ForCausalLM"
+        if is_phi3:
+            rope_scaling = _phi3_rope_scaling(cfg, rope_scaling)
+        attention_bias = bool(cfg.get("attention_bias", False)) and not is_phi3
         return cls(
             architecture=arch,
             vocab_size=int(cfg["vocab_size"]),
@@ -109,7 +119,7 @@ class ModelConfig:
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", arch == "Gemma3ForCausalLM")),
             qkv_bias=True if is_qwen2 else attention_bias,
             o_bias=False if is_qwen2 else attention_bias,
-            mlp_bias=False if is_qwen2 or is_qwen3 else bool(cfg.get("mlp_bias", False)),
+            mlp_bias=False if is_qwen2 or is_qwen3 or is_phi3 else bool(cfg.get("mlp_bias", False)),
             qk_norm=is_qwen3 or arch == "Gemma3ForCausalLM",
             torch_dtype=str(cfg.get("dtype") or cfg.get("torch_dtype") or "float32"),
             bos_token_id=cfg.get("bos_token_id"),
@@ -122,6 +132,7 @@ class ModelConfig:
             norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
             decoder_sparse_step=int(cfg.get("decoder_sparse_step") or 1),
             mlp_only_layers=tuple(int(i) for i in cfg.get("mlp_only_layers") or ()),
+            partial_rotary_factor=_partial_rotary_factor(cfg),
             raw=dict(cfg),
         )
 
@@ -156,7 +167,7 @@ def _arch_from_model_type(model_type: str | None) -> str:
     names = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
              "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
              "qwen3_moe": "Qwen3MoeForCausalLM",
-             "gemma3_text": "Gemma3ForCausalLM"}
+             "gemma3_text": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM"}
     return names.get(model_type or "", f"<model_type {model_type!r}>")
 
 
@@ -183,3 +194,27 @@ def _rope_fields(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
         return float(theta), None
     out["rope_type"] = rope_type
     return float(theta), out
+
+
+def _partial_rotary_factor(cfg: dict[str, Any]) -> float:
+    """The config's partial_rotary_factor: top level (transformers 4) or in rope_parameters."""
+    params = cfg.get("rope_parameters")
+    nested = params.get("partial_rotary_factor") if isinstance(params, dict) else None
+    factor = cfg.get("partial_rotary_factor", nested)
+    return float(factor) if factor is not None else 1.0
+
+
+def _phi3_rope_scaling(cfg: dict[str, Any], scaling: dict[str, Any] | None
+                       ) -> dict[str, Any] | None:
+    """Phi-3's rope dict as transformers reads it: the legacy names "su" and "yarn" mean
+    longrope, and the top-level original_max_position_embeddings (Phi3Config's default 4096
+    when absent) wins over the dict's."""
+    if scaling is None:
+        return None
+    out = dict(scaling)
+    if out.get("rope_type") in ("su", "yarn"):
+        out["rope_type"] = "longrope"
+    if out.get("rope_type") == "longrope":
+        out["original_max_position_embeddings"] = int(
+            cfg.get("original_max_position_embeddings") or 4096)
+    return out

@@ -43,6 +43,7 @@ _ARCHS = {
     "qwen3": ("Qwen3ForCausalLM", "qwen3"),
     "qwen3moe": ("Qwen3MoeForCausalLM", "qwen3_moe"),
     "gemma3": ("Gemma3ForCausalLM", "gemma3_text"),
+    "phi3": ("Phi3ForCausalLM", "phi3"),
 }
 # The ones llama.cpp's converter permutes q/k rows for (interleaved rotary -> half split).
 _PERMUTED_ARCHS = {"llama", "mistral"}
@@ -60,6 +61,7 @@ _LAYER_NAMES = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
     "ffn_gate_inp": "mlp.gate",  # a MoE layer's router
+    "attn_qkv": "self_attn.qkv_proj",  # q, k and v in one matrix (phi3)
 }
 # A MoE layer's experts, one 3-D tensor [experts, rows, columns] per projection.
 _EXPERT_NAMES = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj",
@@ -72,6 +74,8 @@ _ARCH_LAYER_NAMES = {
                "ffn_norm": "pre_feedforward_layernorm",
                "post_ffw_norm": "post_feedforward_layernorm"},
 }
+# phi3's ffn_up holds gate and up.
+_ARCH_LAYER_NAMES["phi3"] = {**_LAYER_NAMES, "ffn_up": "mlp.gate_up_proj"}
 _NORM_PLUS_ONE_ARCHS = {"gemma3"}
 _TOP_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -79,8 +83,9 @@ _TOP_NAMES = {
     "output.weight": "lm_head.weight",
 }
 _BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
-# Tensors that carry no HF weight (llama3 rope frequency factors are rebuilt from config).
-_SKIPPED = {"rope_freqs.weight"}
+# Tensors that carry no HF weight (llama3 rope frequency factors and phi3's LongRoPE factors
+# are rebuilt from config).
+_SKIPPED = {"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"}
 _BIG_FIELDS = {f"tokenizer.ggml.{k}" for k in ("tokens", "scores", "token_type", "merges")}
 
 SUPPORTED_TYPES = ggml_types.SUPPORTED_TYPES
@@ -99,8 +104,8 @@ def kept_4bit(dtype: torch.dtype, float32_kernel: bool = False,
 
 
 def hf_tensor_name(gguf_name: str, arch: str | None = None) -> str | None:
-    """The HF (LlamaForCausalLM-style) name of a GGUF tensor of architecture `arch`, or None
-    if it has none."""
+    """The HF (LlamaForCausalLM-style) name of a GGUF tensor of a model of GGUF architecture
+    `arch`, or None if it has none."""
     if gguf_name in _TOP_NAMES:
         return _TOP_NAMES[gguf_name]
     names = _ARCH_LAYER_NAMES.get(arch or "", _LAYER_NAMES)
@@ -294,6 +299,12 @@ class GGUFFile:
                 np.asarray(freqs.data, dtype=np.float32), config["rope_theta"], head_dim, self.path)
         if arch == "gemma3":
             config.update(self._gemma3_config(config))
+        if arch == "phi3":
+            from localpaged.model.phi3 import GGUF_ROPE_FACTORS, gguf_rope_config
+
+            factors = {t.name: np.asarray(t.data, dtype=np.float32) for t in self.reader.tensors
+                       if t.name in GGUF_ROPE_FACTORS}
+            config = gguf_rope_config(config, self.metadata, factors)
         for key in ("bos", "eos", "padding"):
             value = self.metadata.get(f"tokenizer.ggml.{key}_token_id")
             if value is not None:
@@ -716,4 +727,9 @@ def tokenizer_from_gguf(path: str | Path) -> Any:
             hf = None  # damaged: hf_tokenizer_from_gguf converts it again
     if hf is None:
         hf = hf_tokenizer_from_gguf(path)
-    return Tokenizer(hf, eos_token_ids=gguf_eos_token_ids(path))
+    eos = gguf_eos_token_ids(path)
+    if open_gguf(path).architecture == "phi3":
+        from localpaged.model.phi3 import gguf_turn_end_ids
+
+        eos += gguf_turn_end_ids(hf)
+    return Tokenizer(hf, eos_token_ids=eos)

@@ -25,7 +25,7 @@ from localpaged.kernels import (
 )
 from localpaged.kernels.attention import select_requests, token_rows
 from localpaged.model.config import ModelConfig
-from localpaged.model.rope import build_cos_sin
+from localpaged.model.rope import build_cos_sin, table_offset
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
 # Prompt chunks up to this many tokens take the native decode plan, one row per token (see
@@ -247,6 +247,11 @@ class LlamaForCausalLM(nn.Module):
         for layer in self.model.layers:
             layer.self_attn.fuse_projections()
             layer.mlp.fuse_projections()
+
+    def rope_offset(self, num_prompt_tokens: int) -> int:
+        """What to add to the positions of a request with this many prompt tokens to read its
+        rows of `cos_sin` (LongRoPE's long set lies past the short one; see model.rope)."""
+        return table_offset(self.config, num_prompt_tokens)
 
     def tie_weights(self) -> None:
         """Share lm_head's weight with the embedding when the config ties them."""

@@ -65,16 +65,26 @@ def resolve_dtype(
     return cpu_compute_dtype()[0]
 
 
+def model_class(config: ModelConfig) -> type[LlamaForCausalLM]:
+    """The module class of `config`'s architecture (the Llama one unless a family differs)."""
+    if config.architecture == "Phi3ForCausalLM":
+        from localpaged.model.phi3 import Phi3ForCausalLM
+
+        return Phi3ForCausalLM
+    if config.architecture == "Gemma3ForCausalLM":
+        from localpaged.model.gemma3 import Gemma3ForCausalLM
+
+        return Gemma3ForCausalLM
+    return LlamaForCausalLM
+
+
 def create_model(config: ModelConfig, dtype: torch.dtype) -> LlamaForCausalLM:
     """The module tree for `config`, on the meta device (no storage yet).
 
     The one place that decides dense vs quantized layers: the quant room replaces the
     branch below.
     """
-    model_class = LlamaForCausalLM
-    if config.architecture == "Gemma3ForCausalLM":
-        from localpaged.model.gemma3 import Gemma3ForCausalLM as model_class
-    model = model_class(config, dtype, device="meta")
+    model = model_class(config)(config, dtype, device="meta")
     if config.quantization_config is not None:
         from localpaged.quant.loader import quantize_modules
 

@@ -102,11 +102,27 @@ def test_rotary_in_place_on_views(device: str, dtype: torch.dtype, num_heads: in
     assert torch.equal(qkv[:, (num_heads + num_kv_heads) * head_dim :], v_before)
 
 
-def test_rotary_rejects_partial_table(device: str) -> None:
-    q = torch.zeros(1, 2, 64, device=device)
-    with pytest.raises(ValueError, match="partial rotary"):
-        apply_rotary_triton(q, q.clone(), torch.zeros(1, dtype=torch.long, device=device),
-                            torch.zeros(4, 32, device=device))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_partial_rotary_rotates_the_first_dims_only(device: str, dtype: torch.dtype) -> None:
+    """A table narrower than head_dim (Phi-4-mini: 96 of 128): those dims rotate as a head of
+    that width would (the pairs are i and i + 48), the others pass through; Triton equals
+    torch, which equals rotating the slice alone."""
+    t, rot = 5, 48
+    q = _randn(t, 3, 64, dtype=dtype, device=device)
+    k = _randn(t, 1, 64, dtype=dtype, device=device, seed=1)
+    freqs = torch.outer(torch.arange(30).float(), torch.rand(rot // 2) + 0.1)
+    cos_sin = torch.cat((freqs.cos(), freqs.sin()), -1).to(device)
+    positions = torch.tensor([0, 3, 29, 7, 7], device=device)
+    slice_q, slice_k = apply_rotary_torch(q[..., :rot].contiguous(), k[..., :rot].contiguous(),
+                                          positions, cos_sin)
+    ref_q, ref_k = apply_rotary_torch(q, k, positions, cos_sin)
+    assert torch.equal(ref_q[..., :rot], slice_q) and torch.equal(ref_k[..., :rot], slice_k)
+    assert torch.equal(ref_q[..., rot:], q[..., rot:]) and torch.equal(ref_k[..., rot:], k[..., rot:])
+    apply_rotary_triton(q, k, positions, cos_sin)
+    torch.testing.assert_close(q, ref_q, **tolerance(dtype))
+    torch.testing.assert_close(k, ref_k, **tolerance(dtype))
+    with pytest.raises(ValueError, match="even and at most head_dim"):
+        apply_rotary_triton(q, k, positions, torch.zeros(30, 66, device=device))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -87,9 +87,14 @@ def test_engine_screen(snap_compare, tmp_path: Path, fresh_client) -> None:
 def test_sidebar(snap_compare, tmp_path: Path, fresh_client) -> None:
     async def open_sidebar(pilot: Pilot) -> None:
         await no_blink(pilot)
+        await pilot.pause(0.3)  # the tabs restored from history settle (and take focus) first
         await pilot.press("ctrl+b")
-        while pilot.app.focused is None or pilot.app.focused.id != "conversations":
+        for _ in range(200):  # bounded: a focus that never arrives fails, not hangs
+            if pilot.app.focused is not None and pilot.app.focused.id == "conversations":
+                break
             await pilot.pause(0.05)
+        else:
+            raise AssertionError(f"ctrl+b left the focus on {pilot.app.focused!r}")
         await no_blink(pilot)
 
     assert snap_compare(app_with_history(tmp_path, fresh_client), terminal_size=SIZE,
