@@ -110,6 +110,9 @@ SHAPES: dict[str, Shape] = {
                         qkv_bias=True),
     "tiny-qwen3": Shape("qwen3", 64, 2, 4, 2, 128, True, 1000000.0, 2048, 1e-6, VOCAB,
                         qk_norm=True, head_size=24),
+    "tiny-qwen3moe": Shape("qwen3moe", 64, 2, 4, 2, 128, True, 1000000.0, 2048, 1e-6, VOCAB,
+                           qk_norm=True, head_size=32, experts=4, experts_used=2,
+                           expert_intermediate=64),
 }
 
 
@@ -317,7 +320,7 @@ def write_gguf(shape_name: str, qtype: str, path: Path, tokenizer: Path | None,
         data = encode(shape_name, spec, stored_type(spec, qtype))
         writer.write_tensor_data(data)
         done += data.nbytes
-        if log and spec.name.endswith("ffn_down.weight"):
+        if log and spec.name.endswith(("ffn_down.weight", "ffn_down_exps.weight")):
             layer = int(spec.name.split(".")[1]) + 1
             print(f"  layer {layer}/{shape.layers}: {done / 2**20:.0f} MiB, "
                   f"{time.perf_counter() - start:.1f} s", flush=True)

@@ -47,7 +47,8 @@ def test_named_shapes_have_the_real_trunks() -> None:
 
 @pytest.mark.parametrize(("shape_name", "qtype"),
                          [("tiny", t) for t in synthetic.GGUF_TYPES] + [("tiny-qwen2", "Q8_0"),
-                                                                         ("tiny-qwen3", "Q8_0")])
+                                                                         ("tiny-qwen3", "Q8_0"),
+                                                                         ("tiny-qwen3moe", "Q8_0")])
 def test_tiny_file_loads_and_reads_back(tmp_path: Path, shape_name: str, qtype: str) -> None:
     import gguf
     from gguf.quants import dequantize
@@ -76,6 +77,14 @@ def test_tiny_file_loads_and_reads_back(tmp_path: Path, shape_name: str, qtype: 
         assert t.tensor_type.name == synthetic.stored_type(spec, qtype)
         in_file = dequantize(t.data, t.tensor_type).reshape(spec.shape)
         np.testing.assert_array_equal(in_file, expected_values(shape_name, spec, qtype))
+        if len(spec.shape) == 3:  # a MoE layer's experts: one HF tensor each
+            layer, part = spec.name.split(".")[1:3]
+            proj = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj",
+                    "ffn_down_exps": "down_proj"}[part]
+            for e in range(spec.shape[0]):
+                got = read[f"model.layers.{layer}.mlp.experts.{e}.{proj}.weight"].numpy()
+                np.testing.assert_array_equal(got, in_file[e], err_msg=f"{spec.name}[{e}]")
+            continue
         got = read[hf_tensor_name(spec.name)].numpy()
         if shape.arch == "llama" and ".attn_q." in spec.name:
             got = llama_cpp_permute(got, shape.heads)
