@@ -73,10 +73,16 @@ def cpu_flags() -> frozenset[str]:
 
 def supported(flags: frozenset[str] | set[str] | None = None, x86: bool | None = None) -> list[str]:
     """The variants a CPU with `flags` can execute, slowest first."""
-    flags = cpu_flags() if flags is None else frozenset(flags)
-    if not (is_x86() if x86 is None else x86):
-        return ["generic"]
-    return [isa for isa in ISAS if all(f in flags for f in REQUIRED_FLAGS[isa])]
+    return list(_supported(cpu_flags() if flags is None else frozenset(flags),
+                           is_x86() if x86 is None else x86))
+
+
+@functools.cache
+def _supported(flags: frozenset[str], x86: bool) -> tuple[str, ...]:
+    # cached: every kernel call asks (through `chosen`) which build to run
+    if not x86:
+        return ("generic",)
+    return tuple(isa for isa in ISAS if all(f in flags for f in REQUIRED_FLAGS[isa]))
 
 
 def best(flags: frozenset[str] | set[str] | None = None, x86: bool | None = None) -> str:

@@ -44,6 +44,11 @@ class SparseMoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, chosen = self.route(x)
+        if x.shape[0] == 1:  # one token (a lone chat's decode step): no sorting, no scatter
+            out = torch.zeros_like(x)
+            for expert, j in sorted(zip(chosen[0].tolist(), range(self.top_k))):
+                out += self.experts[expert](x) * weights[0, j]
+            return out
         flat = chosen.flatten()
         order = torch.argsort(flat, stable=True)
         tokens = order // self.top_k
