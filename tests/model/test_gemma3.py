@@ -19,7 +19,7 @@ from localpaged import LLM, SamplingParams
 from localpaged.model.config import ModelConfig
 from localpaged.model.gemma3 import Gemma3Options
 from tests.engine.test_exactness import prompts
-from tests.model.test_qwen3 import _byte_level_bpe
+from tests.model.tiny_gguf import gguf_writer, llama_cpp_name, write_tensors
 
 MAX_NEW = 8
 WINDOW = 20
@@ -104,51 +104,19 @@ def write_gemma3_gguf(folder: Path, path: Path, qtype: str = "F32") -> Path:
     """The HF Gemma 3 in `folder` as llama.cpp's converter writes a `gemma3` GGUF: its tensor
     names, norm weights + 1, no lm_head (tied), 2-D tensors as `qtype`."""
     import gguf
-    from gguf.quants import quantize
     from safetensors.numpy import load_file
 
-    cfg = ModelConfig.from_pretrained(folder)
-    tensors = load_file(folder / "model.safetensors")
-    w = gguf.GGUFWriter(str(path), "gemma3")
-    w.add_name("tiny gemma3")
-    w.add_block_count(cfg.num_layers)
-    w.add_context_length(cfg.max_position_embeddings)
-    w.add_embedding_length(cfg.hidden_size)
-    w.add_feed_forward_length(cfg.intermediate_size)
-    w.add_head_count(cfg.num_heads)
-    w.add_head_count_kv(cfg.num_kv_heads)
-    w.add_key_length(cfg.head_dim)
-    w.add_value_length(cfg.head_dim)
-    w.add_rope_freq_base(cfg.rope_theta)
+    w = gguf_writer(path, "gemma3", ModelConfig.from_pretrained(folder), pre=None)
     w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
     w.add_rope_scaling_factor(2.0)
-    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_sliding_window(WINDOW)
-    tokens, merges = _byte_level_bpe(cfg.vocab_size)
-    w.add_tokenizer_model("gpt2")
-    w.add_token_list(tokens)
-    w.add_token_merges(merges)
-    w.add_token_types([3 if t.startswith("<") else 1 for t in tokens])
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    kind = gguf.GGMLQuantizationType[qtype]
-    for hf, value in tensors.items():
-        if hf in _TOP:
-            name = _TOP[hf]
-        else:
-            _, _, layer, *rest = hf.split(".")
-            name = f"blk.{layer}.{_NAMES['.'.join(rest[:-1])]}.{rest[-1]}"
-        value = value.astype(np.float32)
+    tensors = {}
+    for hf, value in load_file(folder / "model.safetensors").items():
+        name = llama_cpp_name(hf, _NAMES, _TOP)
         if name.endswith("norm.weight"):
-            value = value + np.float32(1.0)  # llama.cpp's norm_shift
-        if value.ndim == 2 and qtype != "F32":
-            w.add_tensor(name, quantize(value, kind), raw_dtype=kind)
-        else:
-            w.add_tensor(name, value)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+            value = value.astype(np.float32) + np.float32(1.0)  # llama.cpp's norm_shift
+        tensors[name] = value
+    write_tensors(w, tensors, qtype)
     return path
 
 

@@ -11,7 +11,6 @@ on the Triton kernels (interpreter)."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +22,13 @@ from localpaged.model.config import ModelConfig
 from localpaged.model.loader import load_model
 from localpaged.model.rope import build_cos_sin
 from tests.engine.test_exactness import MAX_NEW, hf_greedy
+from tests.model.tiny_gguf import (
+    byte_level_bpe,
+    gguf_writer,
+    llama_cpp_name,
+    rounded_copy,
+    write_tensors,
+)
 
 ORIGINAL = 32  # original_max_position_embeddings: longer prompts take the long factors
 MAX_POS = 128
@@ -95,75 +101,31 @@ def write_phi3_gguf(folder: Path, path: Path, qtype: str = "F32") -> Path:
     does (fused attn_qkv and ffn_up, rope.dimension_count the rotary width, LongRoPE as the
     rope_factors_long/short tensors beside the original context length and attention
     factor); 2-D tensors as `qtype`."""
-    import gguf
-    from gguf.quants import quantize
     from safetensors.numpy import load_file
-
-    from tests.model.test_qwen3 import _byte_level_bpe
 
     cfg = ModelConfig.from_pretrained(folder)
     scaling = cfg.rope_scaling or {}
-    w = gguf.GGUFWriter(str(path), "phi3")
-    w.add_name("tiny phi3")
-    w.add_block_count(cfg.num_layers)
-    w.add_context_length(cfg.max_position_embeddings)
+    tokens, merges = byte_level_bpe(cfg.vocab_size)
+    tokens[-1] = "<|end|>"  # Phi's end of turn (the file's eos is another token)
+    w = gguf_writer(path, "phi3", cfg, head_dim_keys=False, vocabulary=(tokens, merges))
     w.add_rope_scaling_orig_ctx_len(scaling["original_max_position_embeddings"])
-    w.add_embedding_length(cfg.hidden_size)
-    w.add_feed_forward_length(cfg.intermediate_size)
-    w.add_head_count(cfg.num_heads)
-    w.add_head_count_kv(cfg.num_kv_heads)
-    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_rope_dimension_count(cfg.rotary_dim)
-    w.add_rope_freq_base(cfg.rope_theta)
     w.add_sliding_window(0)
     scale = cfg.max_position_embeddings / scaling["original_max_position_embeddings"]
     w.add_rope_scaling_attn_factors(
         float(np.sqrt(1 + np.log(scale) / np.log(scaling["original_max_position_embeddings"]))))
-    tokens, merges = _byte_level_bpe(cfg.vocab_size)
-    tokens[-1] = "<|end|>"  # Phi's end of turn (the file's eos is another token)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
-    w.add_token_list(tokens)
-    w.add_token_merges(merges)
-    w.add_token_types([3 if t.startswith("<") else 1 for t in tokens])
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_tensor("rope_factors_long.weight", np.array(scaling["long_factor"], np.float32))
-    w.add_tensor("rope_factors_short.weight", np.array(scaling["short_factor"], np.float32))
-    kind = gguf.GGMLQuantizationType[qtype]
-    for hf, value in load_file(folder / "model.safetensors").items():
-        if hf in _GGUF_TOP:
-            name = _GGUF_TOP[hf]
-        else:
-            _, _, layer, *rest = hf.split(".")
-            name = f"blk.{layer}.{_GGUF_LAYER['.'.join(rest[:-1])]}.{rest[-1]}"
-        value = value.astype(np.float32)
-        if value.ndim == 2 and qtype != "F32":
-            w.add_tensor(name, quantize(value, kind), raw_dtype=kind)
-        else:
-            w.add_tensor(name, value)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    tensors = {"rope_factors_long.weight": np.array(scaling["long_factor"], np.float32),
+               "rope_factors_short.weight": np.array(scaling["short_factor"], np.float32)}
+    tensors |= {llama_cpp_name(hf, _GGUF_LAYER, _GGUF_TOP): v
+                for hf, v in load_file(folder / "model.safetensors").items()}
+    write_tensors(w, tensors, qtype)
     return path
 
 
 def _dequantized_copy(folder: Path, target: Path, qtype: str) -> Path:
     """The HF folder with each 2-D weight rounded through `qtype` and back: transformers'
     model of what a `qtype` GGUF of it holds."""
-    import gguf
-    from gguf.quants import dequantize, quantize
-    from safetensors.numpy import load_file, save_file
-
-    kind = gguf.GGMLQuantizationType[qtype]
-    tensors = load_file(folder / "model.safetensors")
-    rounded = {k: dequantize(quantize(v.astype(np.float32), kind), kind).astype(np.float32)
-               if v.ndim == 2 else v for k, v in tensors.items()}
-    target.mkdir()
-    shutil.copy(folder / "config.json", target / "config.json")
-    save_file(rounded, str(target / "model.safetensors"), metadata={"format": "pt"})
-    return target
+    return rounded_copy(folder, target, qtype)
 
 
 def _check(outs: list, ref_tokens: list, ref_logprobs: list, atol: float = 2e-4) -> None:

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from localpaged import LLM, SamplingParams
 from localpaged.model.config import ModelConfig
 from tests.engine.test_exactness import MAX_NEW, hf_greedy, prompts
+from tests.model.tiny_gguf import gguf_writer, llama_cpp_name, write_tensors
 
 _NAMES = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
           "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
@@ -23,69 +23,15 @@ _TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "
         "lm_head.weight": "output.weight"}
 
 
-def _byte_level_bpe(size: int) -> tuple[list[str], list[str]]:
-    """The tokens (`size` of them) and merges of a small byte-level BPE trained here, as a
-    GGUF's tokenizer metadata holds them (the model's vocabulary size, a working tokenizer)."""
-    import json
-
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    trainer = trainers.BpeTrainer(vocab_size=size, special_tokens=["<pad>", "<s>", "</s>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(["The quick brown fox jumps over the lazy dog. Paris!"] * 8, trainer)
-    tokens = [t for t, _ in sorted(tok.get_vocab().items(), key=lambda kv: kv[1])]
-    tokens += [f"<extra{i}>" for i in range(size - len(tokens))]
-    merges = json.loads(tok.to_str())["model"]["merges"]
-    return tokens, [" ".join(m) if isinstance(m, list) else m for m in merges]
-
-
 def write_qwen3_gguf(folder: Path, path: Path, qtype: str = "F32") -> Path:
     """The HF Qwen3 in `folder` as a GGUF of the `qwen3` architecture, as llama.cpp's
     converter names and lays out its tensors (2-D ones as `qtype`, norms F32)."""
-    import gguf
-    from gguf.quants import quantize
     from safetensors.numpy import load_file
 
-    cfg = ModelConfig.from_pretrained(folder)
-    tensors = load_file(folder / "model.safetensors")
-    w = gguf.GGUFWriter(str(path), "qwen3")
-    w.add_name("tiny qwen3")
-    w.add_block_count(cfg.num_layers)
-    w.add_context_length(cfg.max_position_embeddings)
-    w.add_embedding_length(cfg.hidden_size)
-    w.add_feed_forward_length(cfg.intermediate_size)
-    w.add_head_count(cfg.num_heads)
-    w.add_head_count_kv(cfg.num_kv_heads)
-    w.add_key_length(cfg.head_dim)
-    w.add_value_length(cfg.head_dim)
-    w.add_rope_freq_base(cfg.rope_theta)
-    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    tokens, merges = _byte_level_bpe(cfg.vocab_size)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
-    w.add_token_list(tokens)
-    w.add_token_merges(merges)
-    w.add_token_types([3 if t.startswith("<") else 1 for t in tokens])
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    kind = gguf.GGMLQuantizationType[qtype]
-    for hf, value in tensors.items():
-        if hf in _TOP:
-            name = _TOP[hf]
-        else:
-            _, _, layer, *rest = hf.split(".")
-            name = f"blk.{layer}.{_NAMES['.'.join(rest[:-1])]}.{rest[-1]}"
-        value = value.astype(np.float32)
-        if value.ndim == 2 and qtype != "F32":
-            w.add_tensor(name, quantize(value, kind), raw_dtype=kind)
-        else:
-            w.add_tensor(name, value)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    w = gguf_writer(path, "qwen3", ModelConfig.from_pretrained(folder))
+    tensors = {llama_cpp_name(hf, _NAMES, _TOP): v
+               for hf, v in load_file(folder / "model.safetensors").items()}
+    write_tensors(w, tensors, qtype)
     return path
 
 

@@ -16,7 +16,7 @@ import torch
 from localpaged import LLM, SamplingParams
 from localpaged.model.config import ModelConfig
 from tests.engine.test_exactness import MAX_NEW, hf_greedy, prompts
-from tests.model.test_qwen3 import _byte_level_bpe
+from tests.model.tiny_gguf import gguf_writer, rounded_copy, write_tensors
 
 _NAMES = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
           "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
@@ -51,64 +51,20 @@ def gguf_tensors(folder: Path) -> dict[str, np.ndarray]:
 
 def write_qwen3moe_gguf(folder: Path, path: Path, qtype: str = "F32") -> Path:
     """The HF Qwen3-MoE in `folder` as a `qwen3moe` GGUF, matrices (2-D and the 3-D experts)
-    as `qtype`, norms F32."""
-    import gguf
-    from gguf.quants import quantize
-
+    as `qtype`, norms and the routers F32 (llama.cpp never quantizes a router)."""
     cfg = ModelConfig.from_pretrained(folder)
-    w = gguf.GGUFWriter(str(path), "qwen3moe")
-    w.add_name("tiny qwen3moe")
-    w.add_block_count(cfg.num_layers)
-    w.add_context_length(cfg.max_position_embeddings)
-    w.add_embedding_length(cfg.hidden_size)
-    w.add_feed_forward_length(cfg.intermediate_size)
+    w = gguf_writer(path, "qwen3moe", cfg)
     w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
     w.add_expert_count(cfg.num_experts)
     w.add_expert_used_count(cfg.num_experts_per_tok)
-    w.add_head_count(cfg.num_heads)
-    w.add_head_count_kv(cfg.num_kv_heads)
-    w.add_key_length(cfg.head_dim)
-    w.add_value_length(cfg.head_dim)
-    w.add_rope_freq_base(cfg.rope_theta)
-    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    tokens, merges = _byte_level_bpe(cfg.vocab_size)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
-    w.add_token_list(tokens)
-    w.add_token_merges(merges)
-    w.add_token_types([3 if t.startswith("<") else 1 for t in tokens])
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    kind = gguf.GGMLQuantizationType[qtype]
-    for name, value in gguf_tensors(folder).items():
-        if value.ndim >= 2 and qtype != "F32" and "ffn_gate_inp" not in name:  # as llama.cpp
-            w.add_tensor(name, quantize(value, kind), raw_dtype=kind)
-        else:
-            w.add_tensor(name, value)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write_tensors(w, gguf_tensors(folder), qtype, keep_f32=lambda name: "ffn_gate_inp" in name)
     return path
 
 
 def dequantized_folder(folder: Path, out: Path, qtype: str) -> Path:
-    """The HF model of `folder` with every matrix replaced by its `qtype` round trip: the
-    float32 reference for a GGUF of that type."""
-    from gguf import GGMLQuantizationType
-    from gguf.quants import dequantize, quantize
-    from transformers import AutoModelForCausalLM
-
-    kind = GGMLQuantizationType[qtype]
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-    with torch.no_grad():
-        for name, module in model.named_modules():
-            for pname, p in list(module.named_parameters(recurse=False)):
-                if p.ndim >= 2 and not name.endswith("mlp.gate"):  # the router stays F32
-                    values = dequantize(quantize(p.numpy(), kind), kind)
-                    getattr(module, pname).copy_(torch.from_numpy(values.copy()))
-    model.save_pretrained(out)
-    return out
+    """The float32 reference for a `qtype` GGUF of `folder`: every matrix rounded through the
+    type, the routers as they are."""
+    return rounded_copy(folder, out, qtype, keep=lambda name: name.endswith("mlp.gate.weight"))
 
 
 def test_config_reads_qwen3_moe(tiny_qwen3_moe: Path) -> None:
