@@ -368,6 +368,8 @@ class ModelPool:
         memory it needs, waits for them to go idle (ModelBusyError past `room_timeout`)."""
         start = time.monotonic()
         with self._cond:
+            if self.memory_budget is not None and incoming > self.memory_budget:
+                raise ModelTooLargeError(name, incoming, self.memory_budget)  # never fits
             while True:
                 victims = self._room_for(incoming)
                 if victims is not None:
