@@ -7,6 +7,11 @@ idle it stays loaded for its keep-alive (Ollama's: 5 minutes by default, negativ
 unloads as soon as it is idle), and the least recently used idle models are unloaded to keep
 at most `max_loaded` models and their memory within `memory_budget`.
 
+A model larger than the whole budget is refused before anything is unloaded
+(`ModelTooLargeError`). One that fits the budget but not beside the models in use waits, as
+Ollama's scheduler does, until enough of them are idle to be unloaded (a model in use never
+is), for at most `room_timeout` seconds (`ModelBusyError` past it).
+
 The pool is free of any event loop: its state is guarded by a thread lock, loads run on
 threads and expiries on a reaper thread, so the chat app's loop and the server's can share it.
 """
@@ -30,6 +35,8 @@ Loader = Callable[[str, Progress], EngineClient]  # model name, progress -> clie
 
 DEFAULT_KEEP_ALIVE = 300.0  # seconds, as Ollama
 DEFAULT_MAX_LOADED = 3  # as Ollama (per GPU; one here)
+DEFAULT_ROOM_TIMEOUT = 300.0  # seconds a load waits for models in use to free memory (Ollama's
+# OLLAMA_LOAD_TIMEOUT is 5 minutes too)
 
 
 class UnknownModelError(LookupError):
@@ -38,6 +45,36 @@ class UnknownModelError(LookupError):
 
 class ModelLoadError(RuntimeError):
     """The loader failed; the message names the model and the cause."""
+
+
+def format_bytes(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+class ModelTooLargeError(ModelLoadError):
+    """A model larger than the whole memory budget: it cannot load even alone, so nothing
+    loaded is unloaded for it."""
+
+    def __init__(self, name: str, size: int, budget: int) -> None:
+        self.name, self.size, self.budget = name, size, budget
+        super().__init__(
+            f"model {name!r} needs about {format_bytes(size)}, more than the whole memory "
+            f"budget of {format_bytes(budget)}, so it cannot be loaded (nothing was unloaded "
+            "for it): raise --memory-budget, free memory, or use a smaller model or "
+            "quantization")
+
+
+class ModelBusyError(ModelLoadError):
+    """No room for a model within the memory budget while the models in use hold it, after
+    waiting `room_timeout` seconds for them to go idle."""
+
+    def __init__(self, name: str, size: int, budget: int, busy: list[str], waited: float
+                 ) -> None:
+        self.name, self.size, self.budget, self.busy = name, size, budget, busy
+        super().__init__(
+            f"model {name!r} (about {format_bytes(size)}) does not fit in the memory budget "
+            f"of {format_bytes(budget)} beside the models in use ({', '.join(busy)}); waited "
+            f"{waited:.0f} s for them to finish: retry later, or raise --memory-budget")
 
 
 def _no_progress(text: str) -> None:
@@ -130,11 +167,14 @@ class ModelPool:
     given with `add` only. max_loaded: models kept at once. memory_budget: bytes all loaded
     models may hold (None: no limit). keep_alive: seconds an idle model stays (negative: for
     ever). estimate: a model's bytes before it is loaded (to make room first), 0 if unknown.
+    room_timeout: seconds a load waits for models in use to go idle when only their
+    unloading would make room within the budget.
     """
 
     def __init__(self, loader: Loader | None = None, *, max_loaded: int = DEFAULT_MAX_LOADED,
                  memory_budget: int | None = None, keep_alive: float = DEFAULT_KEEP_ALIVE,
-                 estimate: Callable[[str], int] | None = None) -> None:
+                 estimate: Callable[[str], int] | None = None,
+                 room_timeout: float = DEFAULT_ROOM_TIMEOUT) -> None:
         if max_loaded < 1:
             raise ValueError(f"max_loaded={max_loaded} is invalid: expected >= 1")
         self.loader = loader
@@ -142,6 +182,7 @@ class ModelPool:
         self.memory_budget = memory_budget
         self.keep_alive = keep_alive
         self.estimate = estimate
+        self.room_timeout = room_timeout
         self.loads = 0  # loads started (for tests and /metrics)
         self._models: dict[str, LoadedModel] = {}  # least recently used first
         self._loading: dict[str, concurrent.futures.Future[LoadedModel]] = {}
@@ -199,7 +240,13 @@ class ModelPool:
                       progress: Progress | None = None) -> Lease:
         """Lease the model `name`, loading it first if needed (concurrent callers share one
         load). keep_alive: seconds it stays once idle (None: its default). Raises
-        UnknownModelError for a name the pool cannot load, ModelLoadError if the load fails."""
+        UnknownModelError for a name the pool cannot load, ModelLoadError if the load fails
+        (ModelTooLargeError, before any load, for a model larger than the whole budget;
+        ModelBusyError when the models in use hold the memory past `room_timeout`)."""
+        if self.loader is not None and self.memory_budget is not None and self.find(name) is None:
+            size = self._estimate(name)
+            if size > self.memory_budget:
+                raise ModelTooLargeError(name, size, self.memory_budget)
         while True:
             with self._cond:
                 if self._closed:
@@ -273,7 +320,7 @@ class ModelPool:
         try:
             with self._load_gate:
                 assert self.loader is not None
-                self._close_all(self._make_room(self._estimate(name)))
+                self._close_all(self._make_room(name, self._estimate(name)))
                 before = _resident()
                 try:
                     client = self.loader(name, progress or _no_progress)
@@ -284,6 +331,9 @@ class ModelPool:
                 if self._closed:  # closed while it loaded: nobody will unload it later
                     asyncio.run(client.close())
                     raise RuntimeError("the model pool is closed")
+                if self.memory_budget is not None and size > self.memory_budget:
+                    asyncio.run(client.close())  # larger than estimated: keep the others
+                    raise ModelTooLargeError(name, size, self.memory_budget)
                 with self._cond:
                     model = LoadedModel(name, client, size, default_keep_alive=self.keep_alive,
                                         keep_alive=self.keep_alive)
@@ -312,21 +362,49 @@ class ModelPool:
         except Exception:
             return 0
 
-    def _make_room(self, incoming: int) -> list[LoadedModel]:
+    def _make_room(self, name: str, incoming: int) -> list[LoadedModel]:
         """Idle models to unload (least recently used first) so that one more model of
-        `incoming` bytes fits; they leave the pool now."""
+        `incoming` bytes fits; they leave the pool now. Where only models in use hold the
+        memory it needs, waits for them to go idle (ModelBusyError past `room_timeout`)."""
+        start = time.monotonic()
         with self._cond:
-            victims: list[LoadedModel] = []
-            used = sum(m.size_bytes for m in self._models.values())
-            for model in list(self._models.values()):
-                fits = len(self._models) < self.max_loaded and (
-                    self.memory_budget is None or used + incoming <= self.memory_budget)
-                if fits:
-                    break
-                if model.evictable:
-                    victims.append(self._models.pop(model.name))
-                    used -= model.size_bytes
-            return victims
+            if self.memory_budget is not None and incoming > self.memory_budget:
+                raise ModelTooLargeError(name, incoming, self.memory_budget)  # never fits
+            while True:
+                victims = self._room_for(incoming)
+                if victims is not None:
+                    for model in victims:
+                        del self._models[model.name]
+                    return victims
+                if self._closed:
+                    raise RuntimeError("the model pool is closed")
+                waited = time.monotonic() - start
+                if waited >= self.room_timeout:
+                    busy = [m.name for m in self._models.values() if not m.evictable]
+                    assert self.memory_budget is not None
+                    raise ModelBusyError(name, incoming, self.memory_budget, busy, waited)
+                self._cond.wait(self.room_timeout - waited)
+
+    def _room_for(self, incoming: int) -> list[LoadedModel] | None:
+        """(under the lock) The idle models, least recently used first, whose unloading lets
+        one more model of `incoming` bytes in; None while the models that may not be unloaded
+        (in use, pinned) leave it no room in the budget. Past the count only, it loads anyway
+        and the extra one goes once idle."""
+        victims: list[LoadedModel] = []
+        count = len(self._models)
+        used = sum(m.size_bytes for m in self._models.values())
+
+        def fits_memory() -> bool:
+            return self.memory_budget is None or used + incoming <= self.memory_budget
+
+        for model in self._models.values():
+            if count < self.max_loaded and fits_memory():
+                return victims
+            if model.evictable:
+                victims.append(model)
+                count -= 1
+                used -= model.size_bytes
+        return victims if fits_memory() else None
 
     def _over_limits(self) -> list[LoadedModel]:
         """(under the lock) Idle models to unload, least recently used first, while the pool

@@ -7,7 +7,14 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from localpaged.engine.model_pool import Lease, LoadedModel, ModelLoadError, UnknownModelError
+from localpaged.engine.model_pool import (
+    Lease,
+    LoadedModel,
+    ModelBusyError,
+    ModelLoadError,
+    ModelTooLargeError,
+    UnknownModelError,
+)
 from localpaged.server.errors import APIError
 from localpaged.server.streams import ServerState
 
@@ -72,7 +79,9 @@ async def bind_model(request: Request, name: str, keep_alive: float | None = Non
                      ) -> ServerState:
     """The server state bound to the model `name`, loaded first if needed; the model is held
     until the response ends. keep_alive: seconds it stays loaded once idle (None: its
-    default). 404 for an unknown name, 500 when the load fails."""
+    default). 404 for an unknown name, 400 for a model larger than the whole memory budget,
+    503 when the models in use hold the memory it needs past the pool's wait, 500 when the
+    load fails."""
     state: ServerState = request.app.state.localpaged
     loaded = find_model(state, name)  # the registry is read only for a model to load
     key = loaded.name if loaded is not None else loadable_name(state, name)
@@ -82,6 +91,15 @@ async def bind_model(request: Request, name: str, keep_alive: float | None = Non
         lease = await state.pool.acquire(key, keep_alive)
     except UnknownModelError:
         raise not_found(state, name) from None
+    except ModelTooLargeError as exc:
+        # 400, not 413 (that is about the request body) nor 507 (a 5xx): the request can
+        # never succeed on this server as configured, whatever else is loaded, so retrying
+        # it unchanged is pointless; the message says what would change that.
+        raise APIError(400, str(exc), param="model", code="model_too_large") from exc
+    except ModelBusyError as exc:
+        # 503: the model fits the budget, only the requests running now hold the memory;
+        # the same request can succeed later (OpenAI's clients retry a 503 themselves).
+        raise APIError(503, str(exc), param="model", code="model_memory_busy") from exc
     except ModelLoadError as exc:
         raise APIError(500, str(exc), param="model", code="model_load_failed") from exc
     request.scope[LEASES].append(lease)

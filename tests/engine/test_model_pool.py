@@ -12,7 +12,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from localpaged.engine.model_pool import ModelLoadError, ModelPool, UnknownModelError
+from localpaged.engine.model_pool import (
+    ModelBusyError,
+    ModelLoadError,
+    ModelPool,
+    ModelTooLargeError,
+    UnknownModelError,
+)
 
 GIB = 2**30
 
@@ -128,6 +134,52 @@ async def test_memory_budget_unloads_before_the_next_load() -> None:
     assert names(pool) == ["c", "b"] and loader.clients["a"].closed
     assert pool.memory_used() == 5 * GIB
     lease.release()
+    await pool.close()
+
+
+async def test_a_model_larger_than_the_budget_is_refused_before_any_load() -> None:
+    sizes = {"a": 3 * GIB, "b": 3 * GIB, "huge": 8 * GIB, "liar": GIB}
+    loader = FakeLoader({**sizes, "liar": 9 * GIB})  # estimated 1 GiB, measured 9 GiB
+    pool = ModelPool(loader, memory_budget=7 * GIB, estimate=sizes.get)
+    for n in "ab":
+        (await pool.acquire(n)).release()
+    with pytest.raises(ModelTooLargeError) as err:
+        await pool.acquire("huge")
+    assert str(err.value).startswith("model 'huge' needs about 8.0 GiB, more than the whole "
+                                     "memory budget of 7.0 GiB")
+    assert "raise --memory-budget" in str(err.value)
+    assert "huge" not in loader.calls and pool.loads == 2  # refused before loading
+    assert names(pool) == ["b", "a"] and not loader.clients["a"].closed
+    # larger than its estimate: measured after the load, closed, the others kept
+    with pytest.raises(ModelTooLargeError, match=r"'liar' needs about 9\.0 GiB"):
+        await pool.acquire("liar")
+    assert loader.clients["liar"].closed and names(pool) == ["b", "a"]  # 6 + 1 fitted
+    assert not loader.clients["a"].closed and not loader.clients["b"].closed
+    await pool.close()
+
+
+async def test_a_load_waits_for_models_in_use_and_never_unloads_them() -> None:
+    sizes = {"a": 3 * GIB, "b": 3 * GIB, "c": 3 * GIB}
+    loader = FakeLoader(sizes)
+    pool = ModelPool(loader, memory_budget=7 * GIB, estimate=sizes.get, room_timeout=0.3)
+    held_a, held_b = await pool.acquire("a"), await pool.acquire("b")
+    started = time.monotonic()
+    with pytest.raises(ModelBusyError) as err:  # both in use: no room for c, after waiting
+        await pool.acquire("c")
+    assert time.monotonic() - started >= 0.3 and "c" not in loader.calls
+    assert "beside the models in use (a, b)" in str(err.value)
+    assert sorted(names(pool)) == ["a", "b"] and not loader.clients["a"].closed
+    # c waits while both are busy; once b goes idle, b (not a, in use) makes room
+    pool.room_timeout = 5.0
+    task = asyncio.create_task(pool.acquire("c"))
+    await asyncio.sleep(0.2)
+    assert not task.done() and "c" not in loader.calls
+    held_b.release()
+    lease_c = await asyncio.wait_for(task, 2)
+    assert sorted(names(pool)) == ["a", "c"] and loader.clients["b"].closed
+    assert not loader.clients["a"].closed
+    for lease in (held_a, lease_c):
+        lease.release()
     await pool.close()
 
 

@@ -1,8 +1,10 @@
 """Several models at once, through the official clients against the real server on loopback:
 requests name any pulled model (two tiny random Llamas in a temporary store, loaded on demand
 by the real engine), /api/ps lists them with their expiry, keep_alive 0 unloads, the least
-recently used goes past --max-loaded-models, one load however many ask at once, unknown
-models 404, and a corrupt file is a clear error that leaves the others serving."""
+recently used goes past --max-loaded-models and past a memory budget that fits two, a model
+larger than the whole budget is a clear 400 before anything is unloaded, one load however
+many ask at once, unknown models 404, a corrupt file is a clear error that leaves the others
+serving, and three clients chat, autocomplete and embed on three models at once."""
 
 from __future__ import annotations
 
@@ -20,7 +22,8 @@ import ollama
 import openai
 import pytest
 
-A, B, BROKEN = "tiny-a", "tiny-b", "broken:q4"
+A, B, C, BROKEN, HUGE = "tiny-a", "tiny-b", "tiny-c", "broken:q4", "huge:q4"
+HUGE_BYTES = 4 * 2**30  # a sparse file: its size on disk, not its blocks
 MESSAGES = [{"role": "user", "content": "Say something."}]
 
 
@@ -34,12 +37,12 @@ def _register(name: str, path: Path, fmt: str, gguf_file: str | None = None) -> 
                         size_bytes=size, gguf_file=gguf_file, family="llama"))
 
 
-def _second_model(first: Path, target: Path) -> Path:
-    """The tiny chat Llama's shape and tokenizer with other random weights (seed 1)."""
+def _second_model(first: Path, target: Path, seed: int = 1) -> Path:
+    """The tiny chat Llama's shape and tokenizer with other random weights."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    torch.manual_seed(1)
+    torch.manual_seed(seed)
     config = LlamaConfig.from_pretrained(first)
     LlamaForCausalLM(config).save_pretrained(target, safe_serialization=True)
     for f in first.iterdir():
@@ -50,17 +53,24 @@ def _second_model(first: Path, target: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def store_home(tmp_path_factory: pytest.TempPathFactory, tiny_chat_model: Path) -> Iterator[Path]:
-    """A data dir with tiny-a (the tiny chat model), tiny-b (same shape, other weights) and
-    broken:q4 (a .gguf file whose body is noise)."""
+    """A data dir with tiny-a (the tiny chat model), tiny-b and tiny-c (same shape and
+    tokenizer, FIM tokens included, other weights), broken:q4 (a .gguf file whose body is
+    noise) and huge:q4 (a 4 GiB sparse .gguf file, larger than a small budget)."""
     home = tmp_path_factory.mktemp("pool-home")
     broken = home / "broken.gguf"
     broken.write_bytes(b"GGUF" + bytes(range(256)) * 16)
+    huge = home / "huge.gguf"
+    with huge.open("wb") as f:
+        f.write(b"GGUF")
+        f.truncate(HUGE_BYTES)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("LOCALPAGED_HOME", str(home))
         mp.setenv("HF_HUB_OFFLINE", "1")
         _register(A, tiny_chat_model, "safetensors")
         _register(B, _second_model(tiny_chat_model, home / "tiny-b"), "safetensors")
+        _register(C, _second_model(tiny_chat_model, home / "tiny-c", seed=2), "safetensors")
         _register(BROKEN, broken, "gguf", gguf_file=broken.name)
+        _register(HUGE, huge, "gguf", gguf_file=huge.name)
         yield home
 
 
@@ -80,12 +90,14 @@ class CountingLoader:
                                       max_num_seqs=8, max_model_len=256)
 
 
-def _serve(max_loaded: int) -> Iterator[tuple[str, Any, CountingLoader]]:
+def _serve(max_loaded: int, memory_budget: int | None = None
+           ) -> Iterator[tuple[str, Any, CountingLoader]]:
     from localpaged.engine.model_pool import ModelPool
-    from localpaged.server.app import serve_in_background
+    from localpaged.server.app import pulled_size, serve_in_background
 
     loader = CountingLoader()
-    pool = ModelPool(loader, max_loaded=max_loaded)
+    pool = ModelPool(loader, max_loaded=max_loaded, memory_budget=memory_budget,
+                     estimate=pulled_size)  # as `localpaged serve` builds it
     handle = serve_in_background(pool=pool)
     yield handle.url, pool, loader
     handle.stop()
@@ -96,6 +108,30 @@ def _serve(max_loaded: int) -> Iterator[tuple[str, Any, CountingLoader]]:
 def three(store_home: Path) -> Iterator[tuple[str, Any, CountingLoader]]:
     """A server keeping up to three models loaded."""
     yield from _serve(3)
+
+
+@pytest.fixture(scope="module")
+def sizes(store_home: Path) -> tuple[int, int]:
+    """A tiny model's memory as the pool measures it once loaded, and its estimate (its size
+    on disk, what the pool counts before loading it)."""
+    from localpaged.engine.model_pool import client_memory
+    from localpaged.server.app import pulled_size
+
+    client = CountingLoader()(C, lambda _: None)
+    try:
+        return client_memory(client), pulled_size(C)
+    finally:
+        asyncio.run(client.close())
+
+
+@pytest.fixture(scope="module")
+def two_fit(sizes: tuple[int, int]) -> Iterator[tuple[str, Any, CountingLoader]]:
+    """A server whose memory budget (--memory-budget) fits two tiny models loaded, not a
+    third beside them (its count limit, three, is not what binds)."""
+    loaded, estimate = sizes
+    budget = loaded + estimate + loaded // 2  # two loaded fit; two + a third's estimate don't
+    assert 2 * loaded <= budget < 2 * loaded + estimate and loaded + estimate <= budget
+    yield from _serve(3, memory_budget=budget)
 
 
 @pytest.fixture(scope="module")
@@ -234,3 +270,131 @@ def test_concurrent_first_requests_load_once(one) -> None:
     assert _running(url) == [B]
     raw = httpx.get(url + "/api/ps").json()["models"]
     assert [m["name"] for m in raw] == [B] and raw[0]["expires_at"].endswith("Z")
+
+
+def test_a_budget_that_fits_two_unloads_the_least_recently_used(two_fit) -> None:
+    url, pool, loader = two_fit
+    oai = _openai(url)
+    a, b = _answer(oai, A), _answer(oai, B)
+    assert _answer(oai, A) == a  # A used again: B is now the least recently used
+    assert _running(url) == [A, B] and loader.calls == [A, B]
+    first_b = pool.find(B).client
+    c = _answer(oai, C)
+    assert _running(url) == [C, A] and loader.calls == [A, B, C]
+    assert first_b.async_engine._closed and pool.memory_used() <= pool.memory_budget
+    assert c not in (a, b) and _answer(oai, A) == a  # A kept serving, not reloaded
+    assert _answer(oai, B) == b and _running(url) == [B, A]  # then C was the least recent
+    assert loader.calls == [A, B, C, B]
+
+
+def test_a_model_larger_than_the_budget_is_a_400_and_nothing_is_unloaded(two_fit) -> None:
+    url, pool, loader = two_fit
+    oai = _openai(url)
+    _answer(oai, A)
+    loaded, calls = _running(url), list(loader.calls)
+    budget = f"{pool.memory_budget / 2**20:.1f} MiB"
+    with pytest.raises(openai.BadRequestError) as err:
+        _answer(oai, HUGE)
+    body = err.value.body
+    assert isinstance(body, dict) and body["code"] == "model_too_large" and body["param"] == "model"
+    assert body["message"].startswith(f"model '{HUGE}' needs about 4.0 GiB, more than the "
+                                      f"whole memory budget of {budget}")
+    assert "raise --memory-budget" in body["message"]
+    with pytest.raises(ollama.ResponseError) as oerr:
+        ollama.Client(host=url).generate(model=HUGE, prompt="Hi")
+    assert oerr.value.status_code == 400 and f"budget of {budget}" in oerr.value.error
+    assert loader.calls == calls and _running(url) == loaded  # refused before any load
+    assert _answer(oai, A)  # still serving
+
+
+def test_a_model_that_fits_only_once_models_in_use_finish_waits_for_them(two_fit) -> None:
+    url, pool, loader = two_fit
+    oai = _openai(url)
+    held = {m: asyncio.run(pool.acquire(m)) for m in (A, C)}  # two requests in flight, say
+    timeout = pool.room_timeout
+    try:
+        assert sorted(_running(url)) == [A, C]
+        calls = len(loader.calls)
+        pool.room_timeout = 0.5
+        with pytest.raises(openai.InternalServerError) as err:  # never unloads one in use
+            _answer(oai, B)
+        assert err.value.status_code == 503
+        assert f"beside the models in use ({A}, {C}); waited " in str(err.value)
+        assert sorted(_running(url)) == [A, C] and len(loader.calls) == calls
+        pool.room_timeout = 30.0
+        answer: list[str] = []
+        waiting = threading.Thread(target=lambda: answer.append(_answer(oai, B)))
+        waiting.start()
+        time.sleep(0.3)
+        assert waiting.is_alive() and len(loader.calls) == calls  # waits for room
+        held.pop(C).release()  # C idle: unloaded to make room, A (in use) kept
+        waiting.join(30)
+        assert answer and answer[0] and _running(url) == [B, A]
+    finally:
+        pool.room_timeout = timeout
+        for lease in held.values():
+            lease.release()
+
+
+FIM_PROMPT, FIM_SUFFIX = "def add(a, b):\n    return ", "\n\nprint(add(1, 2))\n"
+EMBED_INPUT = "The quick brown fox"
+
+
+def _chat_stream(client: openai.OpenAI, model: str) -> str:
+    stream = client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=16,
+                                            temperature=0, stream=True)
+    parts = []
+    for chunk in stream:
+        assert chunk.model == model
+        parts.extend(c.delta.content or "" for c in chunk.choices)
+    return "".join(parts)
+
+
+def _autocomplete(client: openai.OpenAI, model: str) -> str:
+    r = client.completions.create(model=model, prompt=FIM_PROMPT, suffix=FIM_SUFFIX,
+                                  max_tokens=8, temperature=0)
+    assert r.model == model
+    return r.choices[0].text
+
+
+def _embedding(client: openai.OpenAI, model: str) -> list[float]:
+    r = client.embeddings.create(model=model, input=EMBED_INPUT)
+    assert r.model == model
+    return r.data[0].embedding
+
+
+def test_three_clients_chat_autocomplete_and_embed_on_three_models_at_once(three) -> None:
+    url, pool, _ = three
+    assert pool.max_loaded >= 3
+    jobs: dict[str, tuple[Callable[[openai.OpenAI, str], Any], str]] = {
+        "chat": (_chat_stream, A), "fim": (_autocomplete, B), "embed": (_embedding, C)}
+    start = threading.Barrier(len(jobs))
+    results: dict[str, Any] = {}
+    errors: list[BaseException] = []
+
+    def client_thread(kind: str) -> None:
+        call, model = jobs[kind]
+        client = _openai(url)  # one client (and connection pool) each
+        try:
+            start.wait(5)
+            results[kind] = call(client, model)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=client_thread, args=(k,)) for k in jobs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    assert set(_running(url)) == {A, B, C}  # all three loaded at once
+    # each answered by its own model: the same requests alone answer the same, and another
+    # model answers them otherwise
+    oai = _openai(url)
+    assert results["chat"] and results["chat"] == _chat_stream(oai, A)
+    assert results["fim"] and results["fim"] == _autocomplete(oai, B)
+    assert results["fim"] != _autocomplete(oai, A)
+    alone = _embedding(oai, C)
+    assert len(results["embed"]) == len(alone) == 64
+    assert max(abs(x - y) for x, y in zip(results["embed"], alone)) < 1e-4
+    assert max(abs(x - y) for x, y in zip(_embedding(oai, A), alone)) > 1e-2
