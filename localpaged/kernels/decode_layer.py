@@ -105,12 +105,48 @@ def _w4(linear: Any, dtype: torch.dtype) -> _W4 | None:
                k // linear.w4_sb.shape[1], quads=int(quads), perm=perm)
 
 
+class _Experts:
+    """A mixture of experts between the native layer's calls: its router in torch, then every
+    chosen expert's MLP in one C call (`moe_rows`), or the torch module where an expert's
+    matrices are not of the kernel's kinds."""
+
+    def __init__(self, module: Any, gate_up: Any = None, down: Any = None, inter: int = 0):
+        self.module, self.gate_up, self.down, self.inter = module, gate_up, down, inter
+
+    @classmethod
+    def of(cls, module: Any, dtype: torch.dtype) -> _Experts:
+        gate_up = [_w4(e.gate_up_proj, dtype) if e.gate_up_proj is not None else None
+                   for e in module.experts]
+        down = [_w4(e.down_proj, dtype) for e in module.experts]
+        if any(v is None for v in gate_up + down):
+            return cls(module)
+        n = len(module.experts)
+        return cls(module, (_W4 * n)(*gate_up), (_W4 * n)(*down), gate_up[0].n // 2)
+
+    def run(self, x: torch.Tensor, fn: Any) -> torch.Tensor:
+        if self.gate_up is None:
+            return self.module(x)
+        weights, chosen = self.module.route(x)
+        chosen, order = chosen.sort(dim=-1)  # each row's experts in increasing order
+        weights = weights.gather(-1, order).float().contiguous()
+        chosen = chosen.to(torch.int32).contiguous()
+        out = torch.empty_like(x)
+        if fn(self.gate_up, self.down, chosen.data_ptr(), weights.data_ptr(), chosen.shape[1],
+              x.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], self.inter,
+              torch.get_num_threads()):
+            raise MemoryError("the CPU experts kernel could not allocate its scratch memory")
+        return out
+
+
 class CpuDecodePlan:
     """The C structs of a model's layers, built once; `run` does a decode step's layers."""
 
-    def __init__(self, model: Any, layers: list[_Layer]) -> None:
+    def __init__(self, model: Any, layers: list[_Layer],
+                 experts: list[Any] | None = None) -> None:
         c = model.config
         self.layers = layers
+        # per layer, its mixture of experts (run here between the C calls) or None
+        self.experts = experts or [None] * len(layers)
         self.model = model  # keeps the weights the structs point into alive
         self.shape = dict(hidden=c.hidden_size, heads=c.num_heads, kv_heads=c.num_kv_heads,
                           head_dim=c.head_dim, intermediate=c.intermediate_size)
@@ -118,6 +154,7 @@ class CpuDecodePlan:
         self.dtype = model.dtype
         suffix = "bf16" if model.dtype == torch.bfloat16 else "f32"
         self.fn = getattr(native.library(), f"decode_layer_{suffix}")
+        self.moe_fn = getattr(native.library(), f"moe_rows_{suffix}")
 
     @classmethod
     def build(cls, model: Any) -> CpuDecodePlan | None:
@@ -132,15 +169,18 @@ class CpuDecodePlan:
                 or c.num_heads // c.num_kv_heads > MAX_QUERY_HEADS_PER_KV_HEAD
                 or not native.available()):
             return None
-        layers = []
+        layers, experts = [], []
         for layer in model.model.layers:
             attn, mlp = layer.self_attn, layer.mlp
-            if attn.qkv_proj is None or getattr(mlp, "gate_up_proj", None) is None:
-                return None  # q/k/v or gate/up apart, or experts (a MoE layer)
-            views = [_w4(m, model.dtype)
-                     for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)]
+            moe = hasattr(mlp, "experts")  # its MLP runs in torch between the layer's calls
+            if attn.qkv_proj is None or (not moe and getattr(mlp, "gate_up_proj", None) is None):
+                return None  # q/k/v or gate/up apart
+            views = [_w4(m, model.dtype) for m in (attn.qkv_proj, attn.o_proj)]
+            views += [_W4(), _W4()] if moe else [_w4(m, model.dtype)
+                                                 for m in (mlp.gate_up_proj, mlp.down_proj)]
             if any(v is None for v in views):
                 return None
+            experts.append(_Experts.of(mlp, model.dtype) if moe else None)
             norms = [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
             if attn.q_norm is not None and attn.k_norm is not None:  # Qwen3
                 norms += [attn.q_norm.weight, attn.k_norm.weight]
@@ -149,7 +189,7 @@ class CpuDecodePlan:
             head_norms = [w.data_ptr() for w in norms[2:]] or [None, None]
             layers.append(_Layer(norms[0].data_ptr(), norms[1].data_ptr(), *views, None, None,
                                  *head_norms))
-        return cls(model, layers)
+        return cls(model, layers, experts)
 
     def run(self, hidden: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
             kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata,
@@ -174,4 +214,6 @@ class CpuDecodePlan:
             layer.k_cache, layer.v_cache = k_cache.data_ptr(), v_cache.data_ptr()
             if self.fn(step_ref, ctypes.byref(layer), x_ptr, r_ptr, int(i == 0)):
                 raise MemoryError("the CPU decode kernel could not allocate its scratch memory")
+            if (moe := self.experts[i]) is not None:  # x holds the experts' input
+                x.copy_(moe.run(x, self.moe_fn))
         return x, residual

@@ -162,3 +162,25 @@ def test_experts_on_each_kernel_variant(tiny_qwen3_moe: Path, tmp_path: Path, qt
         with torch.no_grad():
             first = torch.log_softmax(hf(torch.tensor([p])).logits[0, -1], -1)
         assert first.max() - first[out.outputs[0].token_ids[0]] < 0.1
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0"])
+def test_native_decode_layer_runs_the_attention_around_the_experts(
+        tiny_qwen3_moe: Path, tmp_path: Path, qtype: str, dtype: str) -> None:
+    """The native decode layer serves a MoE model too (attention and norms in C, the router
+    in torch, every chosen expert's MLP in one C call), with the torch layers' greedy
+    tokens."""
+    path = write_qwen3moe_gguf(tiny_qwen3_moe, tmp_path / f"moe-{qtype}.gguf", qtype)
+    batch = [{"prompt_token_ids": p} for p in prompts(4)]
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    llm = LLM(str(path), dtype=dtype)
+    if not llm.engine.optimizations["native_decode"]:
+        pytest.skip("the native decode layer does not serve this model here (no C kernels)")
+    plan = llm.engine.model.cpu_decode
+    assert [m is not None for m in plan.experts] == [True, False, True]
+    assert plan.experts[0].gate_up is not None  # the experts' C call, not the torch module
+    native = [o.outputs[0].token_ids for o in llm.generate(batch, params)]
+    llm.engine.model.cpu_decode = None  # the torch layers alone
+    plain = [o.outputs[0].token_ids for o in llm.generate(batch, params)]
+    assert native == plain

@@ -30,7 +30,8 @@ struct w4_layer {
 
 struct decode_layer {
     const void *input_norm, *post_norm; /* [hidden], the model's dtype */
-    struct w4_layer qkv, o, gate_up, down;
+    struct w4_layer qkv, o, gate_up, down; /* gate_up all NULL: no MLP (the layer stops at
+                                            * the MLP's normed input, left in x) */
     void *k_cache, *v_cache; /* [blocks][block_size][kv_heads][head_dim], the model's dtype */
     const void *q_norm, *k_norm; /* [head_dim] RMSNorm weights of each q and k head before
                                   * rotary (Qwen3), the model's dtype; NULL: none */

@@ -85,6 +85,41 @@ static void DL_FN(rotate)(DL_T *row, int heads, int dim, const float *cos_sin) {
 /* x: [batch][hidden], in: the previous layer's output (or the embeddings), out: this layer's
  * MLP output. residual: [batch][hidden], in and out (`first`: none yet, x starts it).
  * Returns 0, or a negative number when scratch memory cannot be had. */
+/* A mixture of experts' MLPs over `b` rows of x [b][hidden] into out: for each row, its `k`
+ * chosen experts (chosen [b][k], in increasing expert order as the torch path adds them),
+ * each expert's gate_up, silu-and-mul and down, times its router weight (weights [b][k]:
+ * the model dtype's values as float32), summed in the model's dtype. One call for a step's
+ * experts instead of three calls a chosen expert. Returns 0, or -1 when out of memory. */
+int DL_FN(moe_rows)(const struct w4_layer *gate_up, const struct w4_layer *down,
+                    const int32_t *chosen, const float *weights, int k, const DL_T *x,
+                    DL_T *out, int b, int hidden, int inter, int threads) {
+    DL_T *wide = malloc(sizeof(DL_T) * 2 * (size_t)inter);
+    DL_T *narrow = malloc(sizeof(DL_T) * (size_t)inter);
+    DL_T *y = malloc(sizeof(DL_T) * (size_t)hidden);
+    int rc = -1;
+    if (wide == NULL || narrow == NULL || y == NULL) goto done;
+    for (int m = 0; m < b; m++) {
+        DL_T *om = out + (size_t)m * hidden;
+        for (int i = 0; i < hidden; i++) om[i] = DL_STORE(0.f);
+        for (int j = 0; j < k; j++) {
+            const int e = chosen[(size_t)m * k + j];
+            if ((rc = DL_FN(linear)(&gate_up[e], x + (size_t)m * hidden, wide, 1, threads)))
+                goto done;
+            DL_FN(silu_and_mul)(wide, narrow, 1, inter, threads);
+            if ((rc = DL_FN(linear)(&down[e], narrow, y, 1, threads))) goto done;
+            const float w = weights[(size_t)m * k + j];
+            for (int i = 0; i < hidden; i++)
+                om[i] = DL_STORE(DL_ROUND(DL_LOAD(om[i]) + DL_ROUND(DL_LOAD(y[i]) * w)));
+        }
+    }
+    rc = 0;
+done:
+    free(wide);
+    free(narrow);
+    free(y);
+    return rc;
+}
+
 int DL_FN(decode_layer)(const struct decode_step *s, const struct decode_layer *l, DL_T *x,
                         DL_T *residual, int first) {
     const int b = s->batch, hd = s->head_dim;
@@ -125,6 +160,11 @@ int DL_FN(decode_layer)(const struct decode_step *s, const struct decode_layer *
 
     DL_FN(add_rms_norm)(x, residual, residual, l->post_norm, normed, b, s->hidden, s->eps,
                         s->threads);
+    if (l->gate_up.packed == NULL && l->gate_up.codes8 == NULL) {
+        /* No MLP here (a mixture of experts, run by the caller): x is its input. */
+        memcpy(x, normed, sizeof(DL_T) * (size_t)b * s->hidden);
+        goto done;
+    }
     if ((rc = DL_FN(linear)(&l->gate_up, normed, wide, b, s->threads))) goto done;
     DL_FN(silu_and_mul)(wide, narrow, b, s->intermediate, s->threads);
     rc = DL_FN(linear)(&l->down, narrow, x, b, s->threads);
