@@ -88,7 +88,9 @@ def entry_key(fingerprint: str, dtype: torch.dtype) -> str:
 
 
 def entry_path(stem: str, key: str) -> Path:
-    return cache_dir() / f"{stem}-{key}.pt"
+    """`<file stem>-<code version>-<key>.pt`: a new version of the package drops the older
+    versions' entries of the same file when it writes its own (see `save`)."""
+    return cache_dir() / f"{stem}-{code_hash()[:8]}-{key}.pt"
 
 
 def load(stem: str, key: str) -> Any | None:
@@ -164,6 +166,9 @@ def save(model: Any, stem: str, key: str, size: int) -> Path | None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         folder.mkdir(parents=True, exist_ok=True)
+        for old in folder.glob(f"{stem}-*.pt"):  # this file packed by an older version
+            if not old.name.startswith(f"{stem}-{code_hash()[:8]}-"):
+                old.unlink(missing_ok=True)
         _evict(folder, limit - size)
         if shutil.disk_usage(folder).free < size + KEEP_FREE_BYTES:
             print(f"localpaged: not keeping packed weights for the next load: under "

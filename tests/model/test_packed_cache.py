@@ -94,7 +94,8 @@ def test_least_recently_used_entries_make_room(cache: Path, monkeypatch: pytest.
     assert all(p is not None for p in paths)
     assert packed_cache.load("m", "a") is not None  # "a" is now the most recently used
     assert packed_cache.save(blob, "m", "c", size) is not None
-    assert {p.name for p in packed_cache.entries()} == {"m-a.pt", "m-c.pt"}
+    code = packed_cache.code_hash()[:8]
+    assert {p.name for p in packed_cache.entries()} == {f"m-{code}-a.pt", f"m-{code}-c.pt"}
     assert packed_cache.save(blob, "m", "big", 4 * 2**20) is None  # over the whole limit
 
 
@@ -134,3 +135,15 @@ def test_changes_after_the_load_stay_out_of_the_file(smollm_gguf: Path, cache: P
     assert second.cpu_decode is None
     first.cpu_decode = None
     assert torch.equal(logits(first), logits(second))
+
+
+def test_a_new_version_drops_the_older_ones_entries(cache: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    blob = torch.nn.Linear(64, 64)
+    size = packed_cache.tensor_bytes(blob)
+    old = packed_cache.save(blob, "m", "k1", size)
+    other = packed_cache.save(blob, "n", "k1", size)
+    monkeypatch.setattr(packed_cache, "_code_hash", "f" * 64)  # the package changed
+    new = packed_cache.save(blob, "m", "k2", size)
+    assert new is not None and new.exists() and other is not None and other.exists()
+    assert old is not None and not old.exists()
