@@ -218,30 +218,52 @@ def load_model(
 def load_inference_model(
     path: str | Path, dtype: str | torch.dtype = "auto", device: torch.device | str = "cpu"
 ) -> tuple[LlamaForCausalLM, ModelConfig]:
-    """`load_model`, its projections joined for inference; a GGUF on the CPU from the
-    packed-weights cache when this build loaded the file before (see
-    localpaged.model.packed_cache), else packed now and kept there for the next load."""
+    """`load_model`, its projections joined for inference. On the CPU a GGUF, or an AWQ /
+    GPTQ folder, comes from the packed-weights cache when this build loaded it before (see
+    localpaged.model.packed_cache), else is packed now and kept there for the next load."""
     path = Path(path)
-    if path.suffix != ".gguf" or torch.device(device).type != "cpu":
+    source = _packed_source(path, dtype, device)
+    if source is None:
         model, config = load_model(path, dtype, device)
         model.fuse_projections()
         return model, config
     from localpaged.model import packed_cache
-    from localpaged.model.gguf_loader import open_gguf
 
-    gguf = open_gguf(path)
-    config = ModelConfig.from_dict(gguf.hf_config())
-    key = packed_cache.entry_key(gguf.fingerprint, resolve_dtype(dtype, None, device))
-    cached = packed_cache.load(path.stem, key)
+    config, fingerprint, torch_dtype = source
+    key = packed_cache.entry_key(fingerprint, torch_dtype)
+    stem = path.stem if path.is_file() else path.name
+    cached = packed_cache.load(stem, key)
     if cached is not None:
-        print(f"localpaged: packed weights mapped from {packed_cache.entry_path(path.stem, key)}",
+        print(f"localpaged: packed weights mapped from {packed_cache.entry_path(stem, key)}",
               file=sys.stderr, flush=True)
         return cached, config
     model, config = load_model(path, dtype, device)
     model.fuse_projections()
     size = packed_cache.tensor_bytes(model)
-    if packed_cache.save_in_background(model, path.stem, key, size) is not None:
+    if packed_cache.save_in_background(model, stem, key, size) is not None:
         print(f"localpaged: keeping the packed weights for the next load ({size / 2**30:.2f} "
               f"GiB, written to {packed_cache.cache_dir()} in the background)",
               file=sys.stderr, flush=True)
     return model, config
+
+
+def _packed_source(path: Path, dtype: str | torch.dtype, device: torch.device | str
+                   ) -> tuple[ModelConfig, str, torch.dtype] | None:
+    """(config, the files' fingerprint, compute dtype) of a model whose CPU load repacks its
+    weights (a GGUF, an AWQ / GPTQ folder), or None for one loaded as it is stored."""
+    if torch.device(device).type != "cpu":
+        return None
+    from localpaged.model.gguf_loader import _fingerprint, open_gguf
+
+    if path.suffix == ".gguf":
+        gguf = open_gguf(path)
+        return (ModelConfig.from_dict(gguf.hf_config()), gguf.fingerprint,
+                resolve_dtype(dtype, None, device))
+    if not (path / "config.json").is_file():
+        return None
+    config = ModelConfig.from_pretrained(path)
+    if config.quantization_config is None:
+        return None  # 16-bit weights: copied as they are, nothing to keep
+    files = [path / "config.json", *safetensors_files(path)]
+    fingerprint = "|".join(_fingerprint(f.resolve()) for f in files)
+    return config, fingerprint, resolve_dtype(dtype, config, device)

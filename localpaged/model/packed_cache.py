@@ -109,7 +109,8 @@ def load(stem: str, key: str) -> Any | None:
         path.unlink(missing_ok=True)
         return None
     with contextlib.suppress(OSError):
-        os.utime(path)  # most recently used
+        now = time.time_ns()  # most recently used (the clock's own ns: the file system's
+        os.utime(path, ns=(now, now))  # "now" may be a tick behind the last write)
     return model
 
 

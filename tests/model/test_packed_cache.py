@@ -34,8 +34,9 @@ def prompt_logits(model: torch.nn.Module, step_builder: Callable) -> torch.Tenso
     """PROMPT's logits through the model's layers, as one prefill step."""
     caches = model.allocate_kv_caches(2, BLOCK)
     positions, meta = step_builder([([1], 0, len(PROMPT))], BLOCK)
+    ids = torch.tensor(PROMPT) % model.config.vocab_size  # tiny test models' vocabularies too
     with torch.no_grad():
-        return model.compute_logits(model(torch.tensor(PROMPT), positions, caches, meta))
+        return model.compute_logits(model(ids, positions, caches, meta))
 
 
 def test_second_load_maps_the_first_packing(smollm_gguf: Path, logits: Callable, cache: Path,
@@ -147,3 +148,28 @@ def test_a_new_version_drops_the_older_ones_entries(cache: Path,
     new = packed_cache.save(blob, "m", "k2", size)
     assert new is not None and new.exists() and other is not None and other.exists()
     assert old is not None and not old.exists()
+
+
+@pytest.mark.parametrize("method", ["awq", "gptq"])
+def test_a_quantized_folder_is_kept_too(tiny_llama: Path, tmp_path: Path, cache: Path,
+                                        method: str, logits: Callable) -> None:
+    """An AWQ / GPTQ checkpoint (repacked for the CPU kernels at load) is kept and mapped
+    back like a GGUF; a 16-bit folder is loaded as it is, nothing kept."""
+    from transformers import AutoModelForCausalLM
+
+    from localpaged.quant.awq import awq_quantize
+    from localpaged.quant.writer import save_quantized
+
+    hf = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32)
+    layers = {f"model.layers.{n}": awq_quantize(m.weight.data, 32)
+              for n, m in hf.model.layers.named_modules() if isinstance(m, torch.nn.Linear)}
+    folder = save_quantized(hf, layers, tmp_path / f"tiny-{method}", method, 32, sym=False)
+    first, _ = load_model(folder, dtype="float32")
+    packed_cache.wait_for_writes()
+    [entry] = packed_cache.entries()
+    assert entry.name.startswith(f"tiny-{method}-")
+    second, _ = load_model(folder, dtype="float32")
+    assert torch.equal(logits(first), logits(second))
+    load_model(tiny_llama, dtype="float32")
+    packed_cache.wait_for_writes()
+    assert packed_cache.entries() == [entry]
