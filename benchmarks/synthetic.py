@@ -25,6 +25,8 @@ Files are cached by name in the out dir (`smollm2-1.7b.Q4_0.gguf`); an existing 
 from __future__ import annotations
 
 import argparse
+import json
+import shutil
 import sys
 import time
 import zlib
@@ -398,6 +400,95 @@ def list_shapes(out: Path) -> None:
         else f"\nnothing cached in {out}")
 
 
+QUANT_FORMATS = ("awq", "gptq", "gptq-actorder")  # HF folders, by localpaged's own writer
+_HF_LAYER = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+             "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
+             "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+             "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+             "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
+_HF_ARCH = {"llama": ("LlamaForCausalLM", "llama"), "qwen2": ("Qwen2ForCausalLM", "qwen2"),
+            "qwen3": ("Qwen3ForCausalLM", "qwen3")}
+
+
+def write_quantized(shape_name: str, fmt: str, out: Path, tokenizer: Path | None = None,
+                    group_size: int = 128, vocab: int = VOCAB, log: bool = True) -> Path:
+    """`shape_name`'s trunk as an AWQ (GEMM) or GPTQ (v1; `gptq-actorder`: desc_act, the
+    input channels in a random order) checkpoint folder, written by localpaged's own writer
+    (`localpaged.quant.writer.layer_tensors`): random 4-bit codes, scales about the
+    float16 weights' 0.02 spread, zero points 8 (GPTQ symmetric) or random (AWQ); embeddings
+    and biases random float16, norms ones. `tokenizer`: an HF folder whose tokenizer files
+    are copied (SmolLM2's: the vocabulary is 49152 tokens)."""
+    import torch
+    from safetensors.torch import save_file
+
+    from localpaged.quant.gptq import QuantizedLayer
+    from localpaged.quant.writer import TOKENIZER_FILES, layer_tensors, quantization_config
+
+    shape = SHAPES[shape_name]
+    if shape.arch not in _HF_ARCH or shape.experts:
+        raise SystemExit(f"--format {fmt}: shapes of {', '.join(_HF_ARCH)} only")
+    method, act_order = fmt.removesuffix("-actorder"), fmt.endswith("-actorder")
+    out.mkdir(parents=True, exist_ok=True)
+    g = torch.Generator().manual_seed(zlib.crc32(f"{shape_name}/{fmt}".encode()))
+    tensors: dict[str, torch.Tensor] = {}
+    start = time.perf_counter()
+    for spec in tensor_specs(shape, vocab):
+        if spec.name == "token_embd.weight":
+            name = "model.embed_tokens.weight"
+        elif spec.name == "output_norm.weight":
+            name = "model.norm.weight"
+        elif spec.name == "output.weight":
+            name = "lm_head.weight"
+        else:
+            _, layer, part, kind = spec.name.split(".")
+            name = f"model.layers.{layer}.{_HF_LAYER[part]}.{kind}"
+        if spec.kind == "norm":
+            tensors[name] = torch.ones(spec.shape, dtype=torch.float16)
+        elif spec.kind == "bias" or name.endswith(("embed_tokens.weight", "lm_head.weight")):
+            tensors[name] = (torch.randn(spec.shape, generator=g) * INIT_STD).half()
+        else:
+            n, k = spec.shape
+            groups = k // group_size
+            g_idx = torch.arange(k) // group_size
+            if act_order:  # channel perm[i] in group i // group_size
+                g_idx = torch.empty(k, dtype=torch.long)
+                g_idx[torch.randperm(k, generator=g)] = torch.arange(k) // group_size
+            zeros = (torch.full((groups, n), 8) if method == "gptq" else
+                     torch.randint(4, 12, (groups, n), generator=g))
+            q = QuantizedLayer(codes=torch.randint(0, 16, (k, n), generator=g, dtype=torch.int32),
+                               scales=torch.full((groups, n), INIT_STD / 4).half(),
+                               zeros=zeros.int(), g_idx=g_idx.int(), group_size=group_size)
+            tensors.update(layer_tensors(name.removesuffix(".weight"), q, method, None))
+        if log and spec.name.endswith("ffn_down.weight"):
+            print(f"  layer {int(spec.name.split('.')[1]) + 1}/{shape.layers}, "
+                  f"{time.perf_counter() - start:.1f} s", flush=True)
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    hf_arch, model_type = _HF_ARCH[shape.arch]
+    config = {"architectures": [hf_arch], "model_type": model_type, "hidden_size": shape.hidden,
+              "intermediate_size": shape.intermediate, "num_hidden_layers": shape.layers,
+              "num_attention_heads": shape.heads, "num_key_value_heads": shape.kv_heads,
+              "head_dim": shape.head_dim, "max_position_embeddings": shape.context,
+              "rms_norm_eps": shape.rms_eps, "rope_theta": shape.rope_theta,
+              "vocab_size": vocab, "tie_word_embeddings": shape.tied, "hidden_act": "silu",
+              "torch_dtype": "float16", "bos_token_id": 1, "eos_token_id": 2,
+              "quantization_config": quantization_config(method, group_size,
+                                                         sym=method == "gptq",
+                                                         act_order=act_order)}
+    (out / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+    for fname in TOKENIZER_FILES if tokenizer is not None else ():
+        if (tokenizer / fname).exists():
+            shutil.copy(tokenizer / fname, out / fname)
+    return out
+
+
+def default_tokenizer_folder() -> Path:
+    """SmolLM2's tokenizer as an HF folder (the test fixture, made once and cached)."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    import conftest
+
+    return conftest.smollm_hf_dir.__wrapped__(default_tokenizer_source())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -407,9 +498,18 @@ def main() -> None:
     ap.add_argument("--tokenizer-from", type=Path, default=None,
                     help="a GGUF with SmolLM2's tokenizer (default: the test fixture)")
     ap.add_argument("--list", action="store_true", help="the shapes and the cached files")
+    ap.add_argument("--format", choices=("gguf", *QUANT_FORMATS), default="gguf",
+                    help="gguf (--type), or an AWQ / GPTQ folder by localpaged's writer")
     args = ap.parse_args()
     if args.list:
         list_shapes(args.out)
+        return
+    if args.format != "gguf":
+        target = args.out / f"{args.shape.replace(':', '-')}-{args.format}"
+        if not (target / "config.json").exists():
+            print(f"writing {target}", flush=True)
+            write_quantized(args.shape, args.format, target, default_tokenizer_folder())
+        print(f"wrote {target}")
         return
     synthetic_gguf(args.shape, args.type, args.out, args.tokenizer_from)
 

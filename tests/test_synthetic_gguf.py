@@ -108,3 +108,23 @@ def test_generates_with_smollm_tokenizer(tmp_path: Path, smollm_gguf: Path) -> N
     llm = LLM(str(path))
     out = llm.generate("Hello there", SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
     assert len(out[0].outputs[0].token_ids) == 4 and out[0].outputs[0].text
+
+
+@pytest.mark.parametrize("fmt", synthetic.QUANT_FORMATS)
+def test_quantized_folders_load(tmp_path: Path, fmt: str) -> None:
+    """The AWQ / GPTQ (act-order too) folders of a tiny Qwen2 shape load as 4-bit layers
+    (act-order with its channel order) and answer."""
+    from localpaged import LLM, SamplingParams
+    from localpaged.model.loader import load_model
+
+    folder = synthetic.write_quantized("tiny-qwen2", fmt, tmp_path / fmt, group_size=32,
+                                       vocab=STAND_IN_VOCAB, log=False)
+    model, config = load_model(folder, dtype="float32")
+    assert config.quantization_config["quant_method"] == fmt.removesuffix("-actorder")
+    proj = model.model.layers[1].mlp.down_proj
+    assert type(proj).__name__ == "QuantLinear"
+    assert (proj.perm is not None) == fmt.endswith("-actorder")
+    out = LLM(str(folder), dtype="float32").generate(
+        [{"prompt_token_ids": [5, 6, 7]}], SamplingParams(temperature=0, max_tokens=4,
+                                                          ignore_eos=True))
+    assert len(out[0].outputs[0].token_ids) == 4
