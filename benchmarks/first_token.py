@@ -10,7 +10,7 @@ resident set (`ru_maxrss`), which counts the pages of a memory-mapped file it ha
 llama.cpp's weights are. llama.cpp gets `n_ctx=2048`; localpaged its default KV pool (pages
 taken as written). The machine's CPU flags are printed first.
 
-    python benchmarks/first_token.py MODEL.gguf [MODEL.gguf ...] [--repeats 3]
+    python benchmarks/first_token.py MODEL.gguf [MODEL.gguf | AWQ_OR_GPTQ_FOLDER ...] [--repeats 3]
 
 PEERS_PYTHON names the Python with llama-cpp-python (default /work/peers-venv/bin/python).
 """
@@ -91,13 +91,17 @@ def main() -> None:
     print("| model | MiB | engine | spawn to first token, s | import, s | load, s | first "
           "token, s | peak RSS, MiB |\n|---|---|---|---|---|---|---|---|")
     for model in args.models:
-        with open(model, "rb") as f:  # into the page cache
-            while f.read(1 << 24):
-                pass
-        size = os.path.getsize(model) / 2**20
-        runs: dict[str, list[dict[str, float]]] = {name: [] for name in engines}
+        files = sorted(Path(model).glob("*")) if Path(model).is_dir() else [Path(model)]
+        for file in files:  # into the page cache
+            with open(file, "rb") as f:
+                while f.read(1 << 24):
+                    pass
+        size = sum(f.stat().st_size for f in files) / 2**20
+        # an AWQ / GPTQ folder: localpaged alone (llama.cpp reads GGUF files)
+        here = {n: e for n, e in engines.items() if n == "localpaged" or model.endswith(".gguf")}
+        runs: dict[str, list[dict[str, float]]] = {name: [] for name in here}
         for _ in range(args.repeats):  # alternating, so drift weighs on both alike
-            for name, (python, code) in engines.items():
+            for name, (python, code) in here.items():
                 runs[name].append(run(python, code, model))
         for name, rs in runs.items():
             med = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
@@ -105,8 +109,8 @@ def main() -> None:
                   f"{med['import_s']:.2f} | {med['load_s']:.2f} | {med['token_s']:.2f} | "
                   f"{med['rss_mib']:.0f} |", flush=True)
         if len(runs) == 2:
-            a, b = (statistics.median(r["wall_s"] for r in runs[n]) for n in engines)
-            ra, rb = (statistics.median(r["rss_mib"] for r in runs[n]) for n in engines)
+            a, b = (statistics.median(r["wall_s"] for r in runs[n]) for n in here)
+            ra, rb = (statistics.median(r["rss_mib"] for r in runs[n]) for n in here)
             print(f"| {Path(model).name} | | localpaged / llama.cpp | {a / b:.2f} (<= 2) | | | | "
                   f"{ra / rb:.2f} (<= 1.15) |", flush=True)
 

@@ -6,7 +6,9 @@ alternation; a run times a 32-token prompt answered with 1 token and with 1 + `-
 (greedy, ignore_eos) and reports `new` / the difference: decode steps only. The table gives
 the medians, the files' parameters (all, and read a token) and the CPU's flags.
 
-    python benchmarks/moe_decode.py MOE.gguf DENSE.gguf [--rounds 3] [--new 48]
+    python benchmarks/moe_decode.py MOE.gguf DENSE.gguf [AWQ_OR_GPTQ_FOLDER ...] [--rounds 3]
+
+An AWQ / GPTQ folder runs on localpaged alone (llama.cpp reads GGUF files).
 
 PEERS_PYTHON names the Python with llama-cpp-python (default /work/peers-venv/bin/python).
 """
@@ -73,6 +75,13 @@ def run(engine: str, path: str, new: int) -> float:
 def facts(path: str) -> str:
     from localpaged.model.gguf_loader import open_gguf
 
+    if not path.endswith(".gguf"):  # an AWQ / GPTQ folder
+        from localpaged.model.config import ModelConfig
+
+        q = ModelConfig.from_pretrained(path).quantization_config or {}
+        size = sum(f.stat().st_size for f in Path(path).glob("*.safetensors")) / 2**30
+        return f"{size:.2f} GiB, {q.get('quant_method')} desc_act={q.get('desc_act', False)}"
+
     f = open_gguf(path)
     total = f.parameter_count
     cfg = f.hf_config()
@@ -101,7 +110,7 @@ def main() -> None:
     got: dict[tuple[str, str], list[float]] = {}
     for r in range(args.rounds):
         for path in args.files:
-            for engine in engines:
+            for engine in engines if path.endswith(".gguf") else engines[:1]:
                 rate = run(engine, path, args.new)
                 got.setdefault((engine, path), []).append(rate)
                 print(f"  round {r + 1}: {engine} {Path(path).name}: {rate:.1f} tok/s", flush=True)
@@ -109,7 +118,7 @@ def main() -> None:
           "a 32-token prompt)")
     print(f"{'file':<34}{'localpaged':>12}{'llama.cpp':>12}   what it is")
     for path in args.files:
-        ours, peer = (statistics.median(got[e, path]) for e in engines)
+        ours, peer = (statistics.median(got.get((e, path), [float("nan")])) for e in engines)
         print(f"{Path(path).name:<34}{ours:>12.1f}{peer:>12.1f}   {facts(path)}")
 
 
