@@ -648,13 +648,18 @@ def _tokenizer_key(path: Path) -> str:
     return hashlib.sha256(ident.encode()).hexdigest()[:32]
 
 
+def _tokenizer_folder(gguf_file: GGUFFile) -> Path:
+    """Where the file's converted tokenizer is kept (tokenizer.json there once converted)."""
+    return tokenizer_cache_dir() / _tokenizer_key(gguf_file.path)
+
+
 def hf_tokenizer_from_gguf(path: str | Path, *, cache: bool = True) -> Any:
     """A transformers fast tokenizer built from the GGUF metadata (vocab, merges, specials,
     chat template); the conversion is cached under `tokenizer_cache_dir()`."""
     from transformers import AutoTokenizer
 
     gguf_file = open_gguf(path)  # validates the file and names it in errors
-    folder = tokenizer_cache_dir() / _tokenizer_key(gguf_file.path)
+    folder = _tokenizer_folder(gguf_file)
     if cache and (folder / "tokenizer.json").is_file():
         try:
             return _saved_tokenizer(folder)
@@ -718,7 +723,8 @@ def tokenizer_from_gguf(path: str | Path) -> Any:
     from localpaged.model.saved_tokenizer import SavedTokenizer
     from localpaged.model.tokenizer import Tokenizer
 
-    folder = tokenizer_cache_dir() / _tokenizer_key(open_gguf(path).path)
+    gguf_file = open_gguf(path)
+    folder = _tokenizer_folder(gguf_file)
     hf: Any = None
     if (folder / "tokenizer.json").is_file():
         try:
@@ -728,7 +734,7 @@ def tokenizer_from_gguf(path: str | Path) -> Any:
     if hf is None:
         hf = hf_tokenizer_from_gguf(path)
     eos = gguf_eos_token_ids(path)
-    if open_gguf(path).architecture == "phi3":
+    if gguf_file.architecture == "phi3":
         from localpaged.model.phi3 import gguf_turn_end_ids
 
         eos += gguf_turn_end_ids(hf)
