@@ -19,17 +19,19 @@ def prompts(n: int = 8, vocab: int = 512) -> list[list[int]]:
     return [torch.randint(3, vocab, (k,), generator=g).tolist() for k in lengths]
 
 
-def hf_greedy(folder: Path, batch: list[list[int]]) -> tuple[list[list[int]], list[list[float]]]:
-    """transformers.generate, one prompt at a time: tokens and the logprob of each."""
+def hf_greedy(folder: Path, batch: list[list[int]], max_new: int = MAX_NEW,
+              **load: object) -> tuple[list[list[int]], list[list[float]]]:
+    """transformers.generate, one prompt at a time: tokens and the logprob of each. `load`:
+    more from_pretrained arguments (e.g. attn_implementation)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **load).eval()
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
     tokens, logprobs = [], []
     for p in batch:
-        out = model.generate(torch.tensor([p]), do_sample=False, max_new_tokens=MAX_NEW,
-                             min_new_tokens=MAX_NEW, output_scores=True,
+        out = model.generate(torch.tensor([p]), do_sample=False, max_new_tokens=max_new,
+                             min_new_tokens=max_new, output_scores=True,
                              return_dict_in_generate=True)
         new = out.sequences[0, len(p):].tolist()
         tokens.append(new)

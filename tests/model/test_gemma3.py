@@ -18,6 +18,7 @@ import torch
 from localpaged import LLM, SamplingParams
 from localpaged.model.config import ModelConfig
 from localpaged.model.gemma3 import Gemma3Options
+from tests.engine.test_exactness import hf_greedy as exactness_greedy
 from tests.engine.test_exactness import prompts
 from tests.model.tiny_gguf import gguf_writer, llama_cpp_name, write_tensors
 
@@ -70,22 +71,7 @@ def hf_greedy(folder: Path, batch: list[list[int]], max_new: int = MAX_NEW
               ) -> tuple[list[list[int]], list[list[float]]]:
     """transformers' greedy tokens and their log-probabilities, eager attention, fp32 (its
     own cache keeps the sliding layers' window)."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32,
-                                                 attn_implementation="eager").eval()
-    model.generation_config.eos_token_id = None
-    model.generation_config.pad_token_id = 0
-    tokens, logprobs = [], []
-    for p in batch:
-        out = model.generate(torch.tensor([p]), do_sample=False, max_new_tokens=max_new,
-                             min_new_tokens=max_new, output_scores=True,
-                             return_dict_in_generate=True)
-        new = out.sequences[0, len(p):].tolist()
-        tokens.append(new)
-        logprobs.append([torch.log_softmax(s[0].float(), -1)[t].item()
-                         for s, t in zip(out.scores, new, strict=True)])
-    return tokens, logprobs
+    return exactness_greedy(folder, batch, max_new, attn_implementation="eager")
 
 
 @pytest.fixture(scope="module")
