@@ -68,7 +68,7 @@ def _packed(n: int, k: int, group: int, seed: int, six: bool, zp: int):
 
 
 @needs_kernels
-@pytest.mark.parametrize("rows", [1, 3, 4, 5, 9])
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 8, 9, 13])
 @pytest.mark.parametrize(("n", "k", "group"), [(32, 64, 16), (48, 256, 32), (576, 1536, 16),
                                               (64, 96, 24)])
 @pytest.mark.parametrize(("six", "zp"), KINDS, ids=KIND_IDS)
@@ -90,6 +90,21 @@ def test_loops_equal_the_int8_reference(cpu_variant: str, rows: int, n: int, k: 
     got = cpu_w6.matmul(xb, packed, high, sb, zp)
     assert got.dtype == torch.bfloat16
     assert torch.equal(got, cpu_w6.matmul(xb.float(), packed, high, sb, zp).bfloat16())
+
+
+@needs_kernels
+@pytest.mark.parametrize(("six", "zp"), KINDS, ids=KIND_IDS)
+def test_a_row_gives_the_same_bits_in_any_pass(cpu_variant: str, six: bool, zp: int) -> None:
+    """A row's product does not depend on how many rows share its pass over a tile (1-4 rows,
+    or up to 8 in the VNNI builds' wide tile) nor on K being taken in spans (many rows): 13
+    rows at once equal each row alone, bit for bit, float32 and bf16."""
+    n, k, group = 48, 1536, 32
+    packed, high, sb = _packed(n, k, group, 13, six, zp)
+    x = torch.randn(13, k, generator=torch.Generator().manual_seed(7))
+    for xs in (x, x.bfloat16()):
+        together = cpu_w6.matmul(xs, packed, high, sb, zp)
+        for r in range(13):
+            assert torch.equal(together[r:r + 1], cpu_w6.matmul(xs[r:r + 1], packed, high, sb, zp))
 
 
 @needs_kernels
@@ -320,7 +335,7 @@ def test_q4_k_keeps_its_super_block_scales(fixture_tensors) -> None:
 
 
 @needs_kernels
-@pytest.mark.parametrize("rows", [1, 3, 4, 5, 9])
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 8, 9, 13])
 @pytest.mark.parametrize(("n", "k"), [(32, 256), (576, 1536)])
 def test_super_block_loops_equal_the_int8_reference(cpu_variant: str, rows: int, n: int,
                                                     k: int) -> None:

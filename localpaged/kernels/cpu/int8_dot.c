@@ -419,6 +419,12 @@ static inline __attribute__((always_inline)) void w4q_i8_tile_n(
 }
 
 #ifdef I8_AVX512
+#ifdef __AVX512VNNI__
+#define I8_WIDE_ROWS 8 /* rows of x per pass of the quads tile with VNNI, from 5 rows on */
+#define I8_MAX_ROWS I8_WIDE_ROWS
+#else
+#define I8_MAX_ROWS I8_ROWS
+#endif
 /* Group g of a 16-column tile done: its scales s and offsets o (the forms of `zp`, see the
  * top) applied to each row's integer sums, out[m] += s * (dx * dot[m]) + o * xs (both 512-bit
  * 4-bit tiles). */
@@ -441,8 +447,8 @@ static inline __attribute__((always_inline)) void w4_i8_group512(
         o = zp ? _mm512_mul_ps(_mm512_set1_ps(-(float)I8_SYM_ZP(zp)), s)
                : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sp + I8_TILE)));
     }
-#pragma GCC unroll 4
-    for (int m = 0; m < I8_ROWS; m++) {
+#pragma GCC unroll 8
+    for (int m = 0; m < I8_MAX_ROWS; m++) {
         if (m >= rows) continue;
         const __m512 d = _mm512_set1_ps(dx[(size_t)m * groups + g]);
         const __m512 sx = _mm512_set1_ps(xs[(size_t)m * groups + g]);
@@ -575,6 +581,51 @@ static inline __attribute__((always_inline)) void w4q_i8_tile512_n(
     }
     for (int m = 0; m < rows; m++) _mm512_storeu_ps(acc + m * I8_TILE, out[m]);
 }
+#ifdef I8_WIDE_ROWS
+/* w4q_i8_tile512_n with VNNI for 5..8 rows: one chunk per zmm (the codes of all 16 columns x
+ * 4 values of K, as the tile without VNNI unpacks them), so that a row's four activations are
+ * a `vpdpbusd` operand broadcast from memory: one instruction per row and chunk, where the
+ * two-chunk form also spends a `vpermd` on each row's activations; the weights' unpacking is
+ * shared by twice the rows. The same integers and the same float32 operations per column. */
+static inline __attribute__((always_inline)) void w4q_i8_tile512_wide_n(
+    const uint8_t *wp, const uint8_t *hp, const uint16_t *sbp, int zp, const int8_t *xq,
+    const float *dx, const float *xs, float *acc, int rows, int k, int gs, int six, int nl) {
+    const int groups = k / gs, chunks = gs / 4;
+    const __m512i low = _mm512_set1_epi8(0x0f), tops = _mm512_set1_epi8(0x30);
+    const __m512i shift = _mm512_set_epi64(4, 4, 4, 4, 0, 0, 0, 0);
+    const __m512i book = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)I8_NL_VALUES));
+    __m512 out[I8_WIDE_ROWS];
+    for (int m = 0; m < I8_WIDE_ROWS; m++) out[m] = _mm512_setzero_ps();
+    for (int g = 0; g < groups; g++) {
+        const uint8_t *gp = wp + (size_t)g * chunks * 2 * I8_TILE;
+        const uint8_t *hg = six ? hp + (size_t)g * chunks * I8_TILE : NULL;
+        const int8_t *xg = xq + (size_t)g * gs;
+        __m512i dot[I8_WIDE_ROWS];
+        for (int m = 0; m < I8_WIDE_ROWS; m++) dot[m] = _mm512_setzero_si512();
+        for (int c = 0; c < chunks; c++) {
+            if (c % 2 == 0) _mm_prefetch((const char *)(gp + c * 32) + 1024, _MM_HINT_T0);
+            const __m512i v = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(gp + c * 32)));
+            __m512i w = _mm512_and_si512(_mm512_srlv_epi64(v, shift), low);
+            if (six) { /* columns 0-7 (low half) and 8-15 (high half) of chunk c */
+                const __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(hg + (c / 2) * 32)));
+                const __m512i t = c % 2 ? _mm512_srlv_epi64(h, _mm512_set_epi64(2, 2, 2, 2, 0, 0, 0, 0))
+                                        : _mm512_sllv_epi64(h, _mm512_set_epi64(2, 2, 2, 2, 4, 4, 4, 4));
+                w = _mm512_or_si512(w, _mm512_and_si512(t, tops));
+            }
+            if (nl) w = _mm512_shuffle_epi8(book, w); /* the code book's bytes */
+#pragma GCC unroll 8
+            for (int m = 0; m < I8_WIDE_ROWS; m++) {
+                if (m >= rows) continue;
+                int32_t four;
+                memcpy(&four, xg + (size_t)m * k + 4 * c, sizeof four);
+                dot[m] = _mm512_dpbusd_epi32(dot[m], w, _mm512_set1_epi32(four));
+            }
+        }
+        w4_i8_group512(sbp, zp, g, dot, dx, xs, groups, rows, out);
+    }
+    for (int m = 0; m < rows; m++) _mm512_storeu_ps(acc + m * I8_TILE, out[m]);
+}
+#endif
 #endif
 
 #ifdef I8_AVX512
@@ -780,6 +831,18 @@ static void w4_i8_tile(const uint8_t *wp, const uint16_t *sbp, const int8_t *xq,
 static void w4q_i8_tile(const uint8_t *wp, const uint8_t *hp, const uint16_t *sbp, int zp,
                         const int8_t *xq, const float *dx, const float *xs, float *acc, int rows,
                         int k, int gs) {
+#ifdef I8_WIDE_ROWS
+    if (rows > I8_ROWS) {
+        switch (rows + I8_WIDE_ROWS * (hp != NULL) + 2 * I8_WIDE_ROWS * (zp == I8_NL)) {
+#define I8_CASE(r) case r: w4q_i8_tile512_wide_n(wp, hp, sbp, zp, xq, dx, xs, acc, r, k, gs, 0, 0); break; \
+                   case r + I8_WIDE_ROWS: w4q_i8_tile512_wide_n(wp, hp, sbp, zp, xq, dx, xs, acc, r, k, gs, 1, 0); break; \
+                   case r + 2 * I8_WIDE_ROWS: w4q_i8_tile512_wide_n(wp, hp, sbp, zp, xq, dx, xs, acc, r, k, gs, 0, 1); break;
+            I8_CASE(5) I8_CASE(6) I8_CASE(7) I8_CASE(8)
+#undef I8_CASE
+        }
+        return;
+    }
+#endif
 #ifdef I8_AVX512
 #define I8_QUADS w4q_i8_tile512_n
 #else
@@ -1132,15 +1195,22 @@ static int w4_gemm_i8(const void *x, const uint8_t *packed, const uint8_t *high,
     }
     if (wide) i8_evens_odds(xq, xp, (size_t)m_rows * k);
 #endif
+#ifdef I8_WIDE_ROWS
+#define I8_PASS_MAX I8_WIDE_ROWS
+    const int pass = !plain && quads ? I8_WIDE_ROWS : I8_ROWS; /* rows per pass over a tile */
+#else
+#define I8_PASS_MAX I8_ROWS
+    const int pass = I8_ROWS;
+#endif
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int t = 0; t < tiles; t++) {
         const uint8_t *wp = packed + (size_t)t * (k / 2) * I8_TILE;
         const uint8_t *hp = high != NULL ? high + (size_t)t * (k / 4) * I8_TILE : NULL;
         const uint16_t *sbp = sb + (size_t)t * (zp == I8_KQ ? (size_t)k / 256 : (size_t)groups) *
                                        sb_stride(zp);
-        float acc[I8_ROWS * I8_TILE];
-        for (int m0 = 0; m0 < m_rows; m0 += I8_ROWS) {
-            const int rows = m_rows - m0 < I8_ROWS ? m_rows - m0 : I8_ROWS;
+        float acc[I8_PASS_MAX * I8_TILE];
+        for (int m0 = 0; m0 < m_rows; m0 += pass) {
+            const int rows = m_rows - m0 < pass ? m_rows - m0 : pass;
             const int8_t *xm = xq + (size_t)m0 * k;
             const float *dm = dx + (size_t)m0 * groups, *sm = xs + (size_t)m0 * groups;
 #ifdef I8_AVX512
