@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,42 +44,41 @@ def load_model_parts(args: EngineArgs) -> tuple[Any, Any, Any, ModelInfo]:
     path, name, entry = _resolve(args.model)
     device = args.resolved_device()
     print(f"localpaged: loading {name} on {device} ...", file=sys.stderr, flush=True)
-    gguf_tokenizer = None
+    build_tokenizer: Callable[[Path], Any] | None = None
     if path.suffix == ".gguf":
-        from concurrent.futures import ThreadPoolExecutor
-
         from localpaged.model.gguf_loader import tokenizer_from_gguf
+
+        build_tokenizer = tokenizer_from_gguf
+    elif any((path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
+        from localpaged.model.tokenizer import Tokenizer
+
+        build_tokenizer = Tokenizer.from_pretrained
+    tokenizer = None
+    if build_tokenizer is not None:
+        from concurrent.futures import ThreadPoolExecutor
 
         # Built beside the weights: importing transformers and reading the vocabulary is
         # mostly Python, the weights mostly C (which leaves the interpreter free meanwhile).
         with ThreadPoolExecutor(1, thread_name_prefix="localpaged-tokenizer") as pool:
-            job = pool.submit(tokenizer_from_gguf, path)
+            job = pool.submit(build_tokenizer, path)
             model, config = load_model(path, dtype=args.dtype, device=device)
-            gguf_tokenizer = job.result()  # its error, if any, after the weights' own
+            tokenizer = job.result()  # its error, if any, after the weights' own
     else:
         model, config = load_model(path, dtype=args.dtype, device=device)
     print(f"localpaged: computing in {str(model.dtype).removeprefix('torch.')} "
           f"({_dtype_reason(args.dtype, model.dtype, device)})", file=sys.stderr, flush=True)
+    fmt = "safetensors"
     if path.suffix == ".gguf":
         from localpaged.model.gguf_loader import open_gguf
-
-        tokenizer = gguf_tokenizer
-        fmt = "gguf"
         from localpaged.model.loader import gguf_int8, gguf_kept_types
 
+        fmt = "gguf"
         kept = gguf_kept_types(model.dtype, device)
         print(f"localpaged: {name}: {open_gguf(path).load_summary(model.dtype, kept, gguf_int8(model.dtype, device))}",
               file=sys.stderr, flush=True)
-    elif any((path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
-        from localpaged.model.tokenizer import Tokenizer
-
-        tokenizer = Tokenizer.from_pretrained(path)
-        fmt = "safetensors"
-    else:  # weights only (e.g. a test model): prompts must be token ids
+    elif tokenizer is None:  # weights only (e.g. a test model): prompts must be token ids
         print(f"localpaged: {path} has no tokenizer; prompts must be token ids",
               file=sys.stderr)
-        tokenizer = None
-        fmt = "safetensors"
     if entry is not None and getattr(entry, "chat_template_override", None):
         tokenizer.chat_template = entry.chat_template_override
     n_params = sum(p.numel() for p in model.parameters())

@@ -15,8 +15,6 @@ CPU kernel's layout.
 from __future__ import annotations
 
 import hashlib
-import json
-import os
 import re
 import shutil
 import threading
@@ -28,6 +26,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from localpaged.model.saved_tokenizer import (
+    load_saved,
+    open_saved,
+    save_tokenizer,
+    tokenizer_cache_dir,
+)
 from localpaged.quant import ggml_types
 from localpaged.quant.ggml_int4 import INT4_TYPES, GgmlInt4Weight, int4_parts
 from localpaged.quant.ggml_int8 import INT8_TYPES
@@ -629,17 +633,6 @@ def read_gguf(path: str | Path) -> tuple[dict[str, Any], Iterator[tuple[str, tor
     return gguf_file.hf_config(), gguf_file.weights()
 
 
-def tokenizer_cache_dir() -> Path:
-    """Where tokenizers converted from GGUF metadata are kept: converting a 49k-token BPE
-    vocabulary takes seconds, loading the saved tokenizer.json well under one."""
-    env = os.environ.get("LOCALPAGED_HOME")
-    if env:
-        return Path(env).expanduser() / "cache" / "gguf-tokenizers"
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("localpaged")) / "gguf-tokenizers"
-
-
 TOKENIZER_CACHE_VERSION = 1
 
 
@@ -650,19 +643,19 @@ def _tokenizer_key(path: Path) -> str:
 
 def _tokenizer_folder(gguf_file: GGUFFile) -> Path:
     """Where the file's converted tokenizer is kept (tokenizer.json there once converted)."""
-    return tokenizer_cache_dir() / _tokenizer_key(gguf_file.path)
+    return tokenizer_cache_dir("gguf") / _tokenizer_key(gguf_file.path)
 
 
 def hf_tokenizer_from_gguf(path: str | Path, *, cache: bool = True) -> Any:
     """A transformers fast tokenizer built from the GGUF metadata (vocab, merges, specials,
-    chat template); the conversion is cached under `tokenizer_cache_dir()`."""
+    chat template); the conversion is cached under `tokenizer_cache_dir("gguf")`."""
     from transformers import AutoTokenizer
 
     gguf_file = open_gguf(path)  # validates the file and names it in errors
     folder = _tokenizer_folder(gguf_file)
     if cache and (folder / "tokenizer.json").is_file():
         try:
-            return _saved_tokenizer(folder)
+            return load_saved(folder)
         except Exception:
             shutil.rmtree(folder, ignore_errors=True)  # a damaged cache entry: convert again
     try:
@@ -673,37 +666,8 @@ def hf_tokenizer_from_gguf(path: str | Path, *, cache: bool = True) -> Any:
     if template and not getattr(tok, "chat_template", None):
         tok.chat_template = template
     if cache:
-        _save_tokenizer(tok, folder)
+        save_tokenizer(tok, folder)
     return tok
-
-
-def _saved_tokenizer(folder: Path) -> Any:
-    """A tokenizer saved by `_save_tokenizer`, through the class it names: AutoTokenizer
-    finds the same class but first imports and probes much more of transformers (about half
-    a second of a load)."""
-    import transformers
-
-    with open(folder / "tokenizer_config.json", encoding="utf-8") as f:
-        name = json.load(f).get("tokenizer_class")
-    cls = getattr(transformers, name, None) if isinstance(name, str) else None
-    if cls is None or not name.endswith(("Tokenizer", "TokenizerFast")):
-        from transformers import AutoTokenizer
-
-        cls = AutoTokenizer
-    return cls.from_pretrained(str(folder))
-
-
-def _save_tokenizer(tok: Any, folder: Path) -> None:
-    """Save atomically (a temp folder renamed into place); a failure only skips the cache."""
-    tmp = folder.with_name(f".{folder.name}.{os.getpid()}.tmp")
-    try:
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        tok.save_pretrained(str(tmp))
-        os.replace(tmp, folder)
-    except OSError:
-        pass
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def gguf_eos_token_ids(path: str | Path) -> list[int]:
@@ -720,17 +684,11 @@ def gguf_eos_token_ids(path: str | Path) -> list[int]:
 def tokenizer_from_gguf(path: str | Path) -> Any:
     """`localpaged.model.tokenizer.Tokenizer` from the GGUF metadata. Once converted, it is
     usable at once from the cache (`SavedTokenizer`: transformers is imported beside)."""
-    from localpaged.model.saved_tokenizer import SavedTokenizer
     from localpaged.model.tokenizer import Tokenizer
 
     gguf_file = open_gguf(path)
-    folder = _tokenizer_folder(gguf_file)
-    hf: Any = None
-    if (folder / "tokenizer.json").is_file():
-        try:
-            hf = SavedTokenizer(folder, lambda: _saved_tokenizer(folder))
-        except Exception:
-            hf = None  # damaged: hf_tokenizer_from_gguf converts it again
+    # None when not converted yet, or damaged: hf_tokenizer_from_gguf converts it (again)
+    hf: Any = open_saved(_tokenizer_folder(gguf_file))
     if hf is None:
         hf = hf_tokenizer_from_gguf(path)
     eos = gguf_eos_token_ids(path)

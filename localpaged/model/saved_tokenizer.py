@@ -6,11 +6,17 @@ mapping a cached model's weights, so it would hold up every load. `SavedTokenize
 what needs only the `tokenizers` backend at once (encode, decode, the vocabulary, special
 tokens) and builds the transformers tokenizer in a background thread for the rest (chat
 templates, xgrammar), waiting for it only when one of those is first asked for.
+
+Tokenizers are saved for this under `tokenizer_cache_dir(kind)`: those converted from GGUF
+metadata (`localpaged.model.gguf_loader`) and those transformers built for an HF folder
+(`localpaged.model.tokenizer`).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -34,6 +40,8 @@ class SavedTokenizer:
         self.eos_token_id = self._special_id(config.get("eos_token"))
         self.bos_token_id = self._special_id(config.get("bos_token"))
         self.added_tokens_decoder = self.backend.get_added_tokens_decoder()
+        # transformers sets this on its backend at every load; tokenizer.json does not keep it
+        self.backend.encode_special_tokens = bool(config.get("split_special_tokens", False))
         self._load_full = load_full
         self._full: Any = None
         self._error: BaseException | None = None
@@ -77,8 +85,10 @@ class SavedTokenizer:
     def get_vocab(self) -> dict[str, int]:
         return self.backend.get_vocab(with_added_tokens=True)
 
-    def convert_ids_to_tokens(self, token_id: int) -> str | None:
-        return self.backend.id_to_token(int(token_id))
+    def convert_ids_to_tokens(self, ids: int | Sequence[int]) -> str | list[str | None] | None:
+        if isinstance(ids, int):
+            return self.backend.id_to_token(ids)
+        return [self.backend.id_to_token(int(i)) for i in ids]
 
     def apply_chat_template(self, *args: Any, **kwargs: Any) -> Any:
         return self.full().apply_chat_template(*args, **kwargs)
@@ -87,3 +97,57 @@ class SavedTokenizer:
         if name.startswith("_") or name in ("backend", "full"):
             raise AttributeError(name)
         return getattr(self.full(), name)
+
+
+def tokenizer_cache_dir(kind: str) -> Path:
+    """Where saved tokenizers of `kind` are kept: "gguf", converted from GGUF metadata
+    (converting a 49k-token BPE vocabulary takes seconds, loading the saved tokenizer.json well
+    under one); "hf", as transformers built an HF folder's."""
+    env = os.environ.get("LOCALPAGED_HOME")
+    if env:
+        return Path(env).expanduser() / "cache" / f"{kind}-tokenizers"
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("localpaged")) / f"{kind}-tokenizers"
+
+
+def load_saved(folder: Path) -> Any:
+    """The transformers tokenizer saved by `save_tokenizer`, through the class it names:
+    AutoTokenizer finds the same class but first imports and probes much more of transformers
+    (about half a second of a load)."""
+    import transformers
+
+    with open(folder / "tokenizer_config.json", encoding="utf-8") as f:
+        name = json.load(f).get("tokenizer_class")
+    cls = getattr(transformers, name, None) if isinstance(name, str) else None
+    if cls is None or not name.endswith(("Tokenizer", "TokenizerFast")):
+        from transformers import AutoTokenizer
+
+        cls = AutoTokenizer
+    return cls.from_pretrained(str(folder))
+
+
+def save_tokenizer(tok: Any, folder: Path) -> None:
+    """Save atomically (a temp folder renamed into place); a failure only skips the cache."""
+    tmp = folder.with_name(f".{folder.name}.{os.getpid()}.tmp")
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        tok.save_pretrained(str(tmp))
+        os.replace(tmp, folder)
+    except OSError:
+        pass
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def open_saved(folder: Path) -> SavedTokenizer | None:
+    """A `SavedTokenizer` of the tokenizer `save_tokenizer` left in `folder` (its transformers
+    object by `load_saved`), or None when none is there. One that cannot be read is removed,
+    so that the caller's `save_tokenizer` can put a good one in its place."""
+    if not (folder / "tokenizer.json").is_file():
+        return None
+    try:
+        return SavedTokenizer(folder, lambda: load_saved(folder))
+    except Exception:
+        shutil.rmtree(folder, ignore_errors=True)
+        return None

@@ -4,6 +4,7 @@ ids, the chat template, exact multi-turn prompts (DESIGN.md "Exact turns") and F
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -17,6 +18,14 @@ FALLBACK_CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}Assistant:{% endif %}"
 )
 
+# What AutoTokenizer reads of an HF folder: a change to any of them makes a new cache entry.
+HF_TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+    "chat_template.jinja", "chat_template.json", "config.json", "tokenizer.model", "vocab.json",
+    "merges.txt",
+)
+HF_TOKENIZER_CACHE_VERSION = 1
+
 # (prefix, suffix, middle) token spellings, tried in order.
 FIM_STYLES = (
     ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"),  # Qwen2.5-Coder
@@ -25,7 +34,8 @@ FIM_STYLES = (
 
 
 class Tokenizer:
-    """Text <-> token ids for one model. Wraps an HF fast tokenizer (`hf`)."""
+    """Text <-> token ids for one model. Wraps an HF fast tokenizer or a `SavedTokenizer`
+    (`hf`)."""
 
     def __init__(self, hf_tokenizer: Any, eos_token_ids: Iterable[int] = ()) -> None:
         self.hf = hf_tokenizer
@@ -52,11 +62,10 @@ class Tokenizer:
 
     @classmethod
     def from_pretrained(cls, folder: str | Path) -> Tokenizer:
-        """Load `folder`'s tokenizer; eos ids also from generation_config.json and config.json."""
-        from transformers import AutoTokenizer
-
+        """Load `folder`'s tokenizer (`hf_folder_tokenizer`); eos ids also from
+        generation_config.json and config.json."""
         folder = Path(folder)
-        hf = AutoTokenizer.from_pretrained(folder)
+        hf = hf_folder_tokenizer(folder)
         extra: list[int] = []
         for name in ("generation_config.json", "config.json"):
             if (folder / name).exists():
@@ -161,6 +170,46 @@ class Tokenizer:
         pre, suf, mid = self._fim
         bos = [self.bos_token_id] if self.adds_bos else []
         return [*bos, pre, *self.encode(prefix), suf, *self.encode(suffix), mid]
+
+
+def hf_folder_tokenizer(folder: Path) -> Any:
+    """The tokenizer AutoTokenizer builds for the HF folder, saved in the cache on the first
+    load and answered from there after (a `SavedTokenizer`: usable at once, transformers
+    imported beside it). The saved copy, not the folder's tokenizer.json, is what the fast path
+    reads: transformers' model-specific classes rebuild parts of that pipeline (a Llama
+    tokenizer's pre-tokenizer and byte fallback), and the copy holds the result. A folder
+    without tokenizer.json (only a sentencepiece tokenizer.model, say) is left to
+    AutoTokenizer every time."""
+    from localpaged.model.saved_tokenizer import open_saved, save_tokenizer, tokenizer_cache_dir
+
+    if not (folder / "tokenizer.json").is_file():
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(folder)
+    cached = tokenizer_cache_dir("hf") / _hf_folder_key(folder)
+    saved = open_saved(cached)
+    if saved is not None:
+        return saved
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(folder)
+    save_tokenizer(hf, cached)
+    return hf
+
+
+def _hf_folder_key(folder: Path) -> str:
+    """Cache key of `folder`'s tokenizer: its path, its tokenizer files' sizes and mtimes, and
+    the transformers version (which decides what AutoTokenizer builds)."""
+    from importlib.metadata import version
+
+    parts = [str(folder.resolve()), version("transformers"), str(HF_TOKENIZER_CACHE_VERSION)]
+    for name in HF_TOKENIZER_FILES:
+        try:
+            st = (folder / name).stat()
+        except OSError:
+            continue
+        parts.append(f"{name}:{st.st_size}:{st.st_mtime_ns}")
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:32]
 
 
 def _common_prefix_len(a: str, b: str) -> int:

@@ -3,12 +3,14 @@ tokenizers trained here and on the real SmolLM2 tokenizer."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from localpaged.model.saved_tokenizer import SavedTokenizer
 from localpaged.model.tokenizer import FALLBACK_CHAT_TEMPLATE, Tokenizer
 
 CHAT = [
@@ -23,6 +25,13 @@ def _hf_ids(tok: Tokenizer, messages: list[dict], template: str | None = None) -
     return list(tok.hf.apply_chat_template(
         messages, chat_template=template, tokenize=True, add_generation_prompt=True,
         return_dict=False))
+
+
+@pytest.fixture(autouse=True)
+def hf_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The cache of HF folders' tokenizers, in a temp dir."""
+    monkeypatch.setenv("LOCALPAGED_HOME", str(tmp_path / "home"))
+    return tmp_path / "home" / "cache" / "hf-tokenizers"
 
 
 @pytest.fixture(scope="module")
@@ -157,6 +166,93 @@ def test_eos_ids_from_folder(hf_tokenizers, tmp_path: Path) -> None:
     assert tok.eos_token_ids == (2, 5, 7)
     assert tok.apply_chat_template(CHAT) == Tokenizer(hf_tokenizers["qwen"]).apply_chat_template(
         CHAT)
+
+
+def _hf_folder(hf_tokenizers, kind: str, folder: Path, tokenizer_class: str | None = None) -> Path:
+    """The `kind` test tokenizer saved as an HF folder, its class renamed to `tokenizer_class`,
+    with a generation_config.json naming more eos ids."""
+    hf_tokenizers[kind].save_pretrained(folder)
+    if tokenizer_class:
+        config = json.loads((folder / "tokenizer_config.json").read_text())
+        (folder / "tokenizer_config.json").write_text(
+            json.dumps({**config, "tokenizer_class": tokenizer_class}))
+    (folder / "generation_config.json").write_text('{"eos_token_id": [5, 2]}')
+    return folder
+
+
+FOLDER_TEXTS = ["Hello, how are you?", "  two  spaces\tand\ttabs\n\nnewlines ", "",
+                "<|im_start|>user\nhi<|im_end|>\n", "<s>[INST] hi [/INST] ok</s>",
+                "Café 中文 🙂 naïve", "def f(x):\n    return x ** 2"]
+
+
+# "LlamaTokenizerFast": transformers rebuilds the pipeline of tokenizer.json (byte fallback,
+# a Metaspace pre-tokenizer), so the folder's tokenizer.json alone tokenizes differently.
+@pytest.mark.parametrize(("kind", "tokenizer_class"),
+                         [("qwen", None), ("mistral", "LlamaTokenizerFast")])
+def test_hf_folder_loads_through_saved_tokenizer(hf_tokenizers, tmp_path: Path, hf_cache: Path,
+                                                 kind: str, tokenizer_class: str | None) -> None:
+    """The first load is AutoTokenizer's and saves it; later loads are SavedTokenizers of the
+    saved copy, and answer exactly as AutoTokenizer on the folder."""
+    import random
+
+    from tokenizers import Tokenizer as Backend
+    from transformers import AutoTokenizer
+
+    folder = _hf_folder(hf_tokenizers, kind, tmp_path / "model", tokenizer_class)
+    ref_hf = AutoTokenizer.from_pretrained(folder)
+    ref = Tokenizer(ref_hf, eos_token_ids=[5, 2])  # what from_pretrained built before the cache
+    first = Tokenizer.from_pretrained(folder)
+    assert not isinstance(first.hf, SavedTokenizer) and len(list(hf_cache.iterdir())) == 1
+    tok = Tokenizer.from_pretrained(folder)
+    assert isinstance(tok.hf, SavedTokenizer)
+    assert (tok.eos_token_ids, tok.bos_token_id, tok.adds_bos, tok.vocab_size, tok.chat_template,
+            tok._fim) == (ref.eos_token_ids, ref.bos_token_id, ref.adds_bos, ref.vocab_size,
+                          ref.chat_template, ref._fim)
+    for text in FOLDER_TEXTS:
+        for special in (True, False):
+            assert tok.encode(text, special) == ref_hf.encode(
+                text, add_special_tokens=special), (text, special)
+    raw = Backend.from_file(str(folder / "tokenizer.json"))
+    assert (tokenizer_class is not None) == any(
+        raw.encode(t, add_special_tokens=False).ids != ref_hf.encode(t, add_special_tokens=False)
+        for t in FOLDER_TEXTS)
+    rng = random.Random(0)
+    specials = sorted(ref_hf.all_special_ids)
+    for _ in range(30):
+        ids = [rng.randrange(len(ref_hf)) for _ in range(rng.randrange(1, 20))]
+        ids[rng.randrange(len(ids))] = rng.choice(specials)
+        for skip in (True, False):
+            assert tok.decode(ids, skip) == ref.decode(ids, skip)
+    messages = CHAT if kind == "qwen" else CHAT[1:]
+    assert tok.render_chat(messages) == ref.render_chat(messages)
+    assert tok.apply_chat_template(messages) == ref.apply_chat_template(messages)
+    assert type(tok.hf_full) is type(ref_hf)
+
+
+def test_hf_folder_without_tokenizer_json(hf_tokenizers, tmp_path: Path, hf_cache: Path) -> None:
+    """Only vocab.json and merges.txt: AutoTokenizer's own tokenizer, nothing cached."""
+    qwen = hf_tokenizers["qwen"]
+    qwen.backend_tokenizer.model.save(str(tmp_path))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "GPT2Tokenizer", "eos_token": "<|im_end|>", "bos_token": None}))
+    for _ in range(2):
+        tok = Tokenizer.from_pretrained(tmp_path)
+        assert not isinstance(tok.hf, SavedTokenizer) and not hf_cache.exists()
+    assert tok.eos_token_ids == (qwen.convert_tokens_to_ids("<|im_end|>"),)
+    assert tok.encode(FOLDER_TEXTS[0]) == qwen.encode(FOLDER_TEXTS[0])
+
+
+def test_hf_folder_damaged_cache(hf_tokenizers, tmp_path: Path, hf_cache: Path) -> None:
+    """A cache entry that cannot be read: AutoTokenizer's tokenizer, and the entry saved anew."""
+    folder = _hf_folder(hf_tokenizers, "qwen", tmp_path / "model")
+    Tokenizer.from_pretrained(folder)
+    [entry] = hf_cache.iterdir()
+    (entry / "tokenizer.json").write_text("{")
+    tok = Tokenizer.from_pretrained(folder)
+    assert not isinstance(tok.hf, SavedTokenizer)
+    again = Tokenizer.from_pretrained(folder)
+    assert isinstance(again.hf, SavedTokenizer)
+    assert again.encode(FOLDER_TEXTS[0]) == tok.encode(FOLDER_TEXTS[0])
 
 
 def test_fim_ids(qwen: Tokenizer, starcoder: Tokenizer, mistral: Tokenizer) -> None:

@@ -95,8 +95,8 @@ def test_real_smollm_tokenizer_template_and_cache(smollm_gguf, smollm_hf_dir, st
     )
 
     converted = hf_tokenizer_from_gguf(smollm_gguf)
-    [entry] = tokenizer_cache_dir().iterdir()
-    assert (entry / "tokenizer.json").is_file() and str(tokenizer_cache_dir()).startswith(str(store_home))
+    [entry] = tokenizer_cache_dir("gguf").iterdir()
+    assert (entry / "tokenizer.json").is_file() and str(tokenizer_cache_dir("gguf")).startswith(str(store_home))
     cached = hf_tokenizer_from_gguf(smollm_gguf)
     ref = AutoTokenizer.from_pretrained(smollm_hf_dir)
     text = "What is the capital of France? Paris, naturally."
