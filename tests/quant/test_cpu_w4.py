@@ -95,7 +95,7 @@ def test_quads_layout_holds_the_same_weight() -> None:
     assert int(quads[1, 5, 4 * 3 + 2]) == int(codes[22, 16 + 3]) | int(codes[22, 16 + 11]) << 4
 
 
-@pytest.mark.parametrize("rows", [1, 3, 4, 5, 9])
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 8, 9, 13])
 @pytest.mark.parametrize(("k", "n", "group"), [(64, 32, 32), (1536, 576, 64), (256, 80, 128),
                                               (96, 48, 12)])  # odd chunks per group
 @pytest.mark.parametrize("layout", ["pairs", "quads"])
@@ -115,13 +115,14 @@ def test_int8_activation_loops_equal_the_plain_ones(cpu_variant: str, rows: int,
         assert (got.double() - exact).abs().max() <= 2**-18 * exact.abs().max()
 
 
-@pytest.mark.parametrize("rows", [1, 3, 4, 5, 17])
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 8, 13, 17])
 @pytest.mark.parametrize(("block", "offsets"), [(32, False), (16, False), (32, True), (64, True)],
                          ids=["q8_0", "b16", "b32-offsets", "b64-offsets"])
 def test_q8_blocks_equal_the_int8_product(cpu_variant: str, rows: int, block: int,
                                           offsets: bool) -> None:
     """8-bit blocks (GGUF Q8_0, and the types converted to them) against the int8 scheme in
-    float64, on the vector and the plain loops, and within int8 rounding of float32."""
+    float64, on the vector and the plain loops, and within int8 rounding of float32; a row's
+    product the same bits however many rows share its pass over a tile."""
     g = torch.Generator().manual_seed(rows)
     n, k = 48, 128
     codes = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)
@@ -141,6 +142,9 @@ def test_q8_blocks_equal_the_int8_product(cpu_variant: str, rows: int, block: in
         assert (got.double() - exact).abs().max() <= 2**-18 * exact.abs().max()
     ref = x.double() @ w.t()
     assert (got.double() - ref).abs().max() <= INT8_ACTIVATIONS * ref.abs().max()
+    fast = cpu_w4.matmul_q8(x, tiles, tile_scales, tile_offsets)
+    for r in range(rows):
+        assert torch.equal(fast[r:r + 1], cpu_w4.matmul_q8(x[r:r + 1], tiles, tile_scales, tile_offsets))
     # bf16 rows (the native decode plan of a bf16 model): read as they are, the product
     # rounded to bf16, the float32 path's numbers exactly
     xb = x.bfloat16()

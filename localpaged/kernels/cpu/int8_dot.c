@@ -87,6 +87,12 @@ static const uint8_t I8_NL_VALUES[16] = {1, 24, 45, 63, 79, 93, 106, 118,
                                          129, 141, 153, 166, 181, 197, 217, 241};
 #define I8_KQ_RECORD 160    /* uint16 per super-block record of a tile (320 bytes) */
 #define I8_ROWS 4 /* rows of x per pass over a weight tile */
+#if defined(I8_AVX512) && defined(__AVX512VNNI__)
+#define I8_WIDE_ROWS 8 /* the VNNI tiles' rows per pass, from 5 rows on */
+#define I8_MAX_ROWS I8_WIDE_ROWS
+#else
+#define I8_MAX_ROWS I8_ROWS /* the most rows of x a pass over a tile takes in this build */
+#endif
 
 /* Row m of x [rows][k] quantized per block of `bs` (k % bs == 0): xq [rows][k], and per
  * block its scale dx [rows][k/bs] and the sum of its rounded values xsum (NULL: not wanted).
@@ -419,12 +425,6 @@ static inline __attribute__((always_inline)) void w4q_i8_tile_n(
 }
 
 #ifdef I8_AVX512
-#ifdef __AVX512VNNI__
-#define I8_WIDE_ROWS 8 /* rows of x per pass of the quads tile with VNNI, from 5 rows on */
-#define I8_MAX_ROWS I8_WIDE_ROWS
-#else
-#define I8_MAX_ROWS I8_ROWS
-#endif
 /* Group g of a 16-column tile done: its scales s and offsets o (the forms of `zp`, see the
  * top) applied to each row's integer sums, out[m] += s * (dx * dot[m]) + o * xs (both 512-bit
  * 4-bit tiles). */
@@ -721,17 +721,17 @@ static inline __attribute__((always_inline)) void q8_i8_tile512_n(
     const float *dx, const float *xs, float *acc, int rows, int k, int bs) {
     const int blocks = k / bs, steps = bs / 4;
     const __m512i flip = _mm512_set1_epi8((char)0x80);
-    __m512 out[I8_ROWS];
-    for (int m = 0; m < I8_ROWS; m++) out[m] = _mm512_setzero_ps();
+    __m512 out[I8_MAX_ROWS];
+    for (int m = 0; m < I8_MAX_ROWS; m++) out[m] = _mm512_setzero_ps();
     for (int b = 0; b < blocks; b++) {
         const int8_t *bp = wp + (size_t)b * bs * I8_TILE;
-        __m512i dot[I8_ROWS];
-        for (int m = 0; m < I8_ROWS; m++) dot[m] = _mm512_setzero_si512();
+        __m512i dot[I8_MAX_ROWS];
+        for (int m = 0; m < I8_MAX_ROWS; m++) dot[m] = _mm512_setzero_si512();
         for (int st = 0; st < steps; st++) {
             _mm_prefetch((const char *)(bp + st * 64) + 1024, _MM_HINT_T0);
             const __m512i w = _mm512_xor_si512(i8_columns_512(bp + st * 64), flip);
-#pragma GCC unroll 4
-            for (int m = 0; m < I8_ROWS; m++) {
+#pragma GCC unroll 8
+            for (int m = 0; m < I8_MAX_ROWS; m++) {
                 if (m >= rows) continue;
                 int32_t four;
                 memcpy(&four, xq + (size_t)m * k + (size_t)b * bs + 4 * st, sizeof four);
@@ -739,8 +739,8 @@ static inline __attribute__((always_inline)) void q8_i8_tile512_n(
             }
         }
         const __m512 s = _mm512_loadu_ps(sp + (size_t)b * I8_TILE);
-#pragma GCC unroll 4
-        for (int m = 0; m < I8_ROWS; m++) {
+#pragma GCC unroll 8
+        for (int m = 0; m < I8_MAX_ROWS; m++) {
             if (m >= rows) continue;
             const __m512 d = _mm512_set1_ps(dx[(size_t)m * blocks + b]);
             const __m512i exact = _mm512_sub_epi32(dot[m], _mm512_set1_epi32(128 * isum[(size_t)m * blocks + b]));
@@ -760,7 +760,7 @@ static void q8_i8_tile512(const int8_t *wp, const float *sp, const float *op, co
                           int rows, int k, int bs) {
     switch (rows) {
 #define I8_CASE(r) case r: q8_i8_tile512_n(wp, sp, op, xq, isum, dx, xs, acc, r, k, bs); break;
-        I8_CASE(1) I8_CASE(2) I8_CASE(3) I8_CASE(4)
+        I8_CASE(1) I8_CASE(2) I8_CASE(3) I8_CASE(4) I8_CASE(5) I8_CASE(6) I8_CASE(7) I8_CASE(8)
 #undef I8_CASE
     }
 }
@@ -1196,10 +1196,8 @@ static int w4_gemm_i8(const void *x, const uint8_t *packed, const uint8_t *high,
     if (wide) i8_evens_odds(xq, xp, (size_t)m_rows * k);
 #endif
 #ifdef I8_WIDE_ROWS
-#define I8_PASS_MAX I8_WIDE_ROWS
     const int pass = !plain && quads ? I8_WIDE_ROWS : I8_ROWS; /* rows per pass over a tile */
 #else
-#define I8_PASS_MAX I8_ROWS
     const int pass = I8_ROWS;
 #endif
 #pragma omp parallel for num_threads(threads) schedule(static)
@@ -1208,7 +1206,7 @@ static int w4_gemm_i8(const void *x, const uint8_t *packed, const uint8_t *high,
         const uint8_t *hp = high != NULL ? high + (size_t)t * (k / 4) * I8_TILE : NULL;
         const uint16_t *sbp = sb + (size_t)t * (zp == I8_KQ ? (size_t)k / 256 : (size_t)groups) *
                                        sb_stride(zp);
-        float acc[I8_PASS_MAX * I8_TILE];
+        float acc[I8_MAX_ROWS * I8_TILE];
         for (int m0 = 0; m0 < m_rows; m0 += pass) {
             const int rows = m_rows - m0 < pass ? m_rows - m0 : pass;
             const int8_t *xm = xq + (size_t)m0 * k;
@@ -1288,14 +1286,19 @@ static int q8_gemm_i8(const void *x, const int8_t *codes, const float *scales,
         isum[i] = sum;
     }
 #endif
+#ifdef I8_Q8_VNNI
+    const int pass = wide ? I8_MAX_ROWS : I8_ROWS; /* rows per pass over a tile */
+#else
+    const int pass = I8_ROWS;
+#endif
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int t = 0; t < tiles; t++) {
         const int8_t *wp = codes + (size_t)t * k * I8_TILE;
         const float *sp = scales + (size_t)t * blocks * I8_TILE;
         const float *op = offsets != NULL ? offsets + (size_t)t * blocks * I8_TILE : NULL;
-        float acc[I8_ROWS * I8_TILE];
-        for (int m0 = 0; m0 < m_rows; m0 += I8_ROWS) {
-            const int rows = m_rows - m0 < I8_ROWS ? m_rows - m0 : I8_ROWS;
+        float acc[I8_MAX_ROWS * I8_TILE];
+        for (int m0 = 0; m0 < m_rows; m0 += pass) {
+            const int rows = m_rows - m0 < pass ? m_rows - m0 : pass;
             const float *dm = dx + (size_t)m0 * blocks, *sm = xs + (size_t)m0 * blocks;
 #ifdef I8_Q8_VNNI
             if (wide)
