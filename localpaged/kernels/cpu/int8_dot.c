@@ -141,6 +141,73 @@ static inline float x_value(const void *x, int x_bf16, size_t i) {
     return x_bf16 ? bf16_to_f32(((const uint16_t *)x)[i]) : ((const float *)x)[i];
 }
 
+#ifdef I8_AVX512
+/* 16 values of x from `i` as float32. */
+static inline __m512 x_values16(const void *x, int x_bf16, size_t i) {
+    if (x_bf16)
+        return _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)x + i))), 16));
+    return _mm512_loadu_ps((const float *)x + i);
+}
+
+/* One block of quantize_rows_i8 (bs % 16 == 0), 16 values at a time: the same float32
+ * operations (the maximum, x * inv rounded half to even by the default rounding mode, as
+ * lrintf), so the same bytes and scales. */
+static inline void quantize_block16(const void *x, int x_bf16, size_t at, int bs, int8_t *qb,
+                                    float *dx, float *xsum) {
+    __m512 amax = _mm512_setzero_ps();
+    for (int j = 0; j < bs; j += 16)
+        amax = _mm512_max_ps(amax, _mm512_abs_ps(x_values16(x, x_bf16, at + j)));
+    const float a = _mm512_reduce_max_ps(amax);
+    const float inv = a > 0.f ? 127.f / a : 0.f;
+    __m512i sum = _mm512_setzero_si512();
+    for (int j = 0; j < bs; j += 16) {
+        const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(x_values16(x, x_bf16, at + j),
+                                                           _mm512_set1_ps(inv)));
+        _mm_storeu_si128((__m128i *)(qb + j), _mm512_cvtepi32_epi8(q));
+        sum = _mm512_add_epi32(sum, q);
+    }
+    *dx = a / 127.f;
+    if (xsum != NULL) *xsum = *dx * (float)_mm512_reduce_add_epi32(sum);
+}
+#elif defined(I8_AVX2)
+/* 8 values of x from `i` as float32. */
+static inline __m256 x_values8(const void *x, int x_bf16, size_t i) {
+    if (x_bf16)
+        return _mm256_castsi256_ps(_mm256_slli_epi32(
+            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)x + i))), 16));
+    return _mm256_loadu_ps((const float *)x + i);
+}
+
+/* quantize_block16 with AVX2, 8 values at a time (bs % 16 == 0). */
+static inline void quantize_block16(const void *x, int x_bf16, size_t at, int bs, int8_t *qb,
+                                    float *dx, float *xsum) {
+    const __m256 sign = _mm256_set1_ps(-0.f);
+    __m256 amax = _mm256_setzero_ps();
+    for (int j = 0; j < bs; j += 8)
+        amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, x_values8(x, x_bf16, at + j)));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    const float a = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+    const float inv = a > 0.f ? 127.f / a : 0.f;
+    __m256i sum = _mm256_setzero_si256();
+    for (int j = 0; j < bs; j += 16) {
+        const __m256i q0 = _mm256_cvtps_epi32(_mm256_mul_ps(x_values8(x, x_bf16, at + j), _mm256_set1_ps(inv)));
+        const __m256i q1 = _mm256_cvtps_epi32(_mm256_mul_ps(x_values8(x, x_bf16, at + j + 8), _mm256_set1_ps(inv)));
+        /* |q| <= 127: the saturating packs are exact; they interleave the 128-bit halves */
+        const __m256i w = _mm256_permute4x64_epi64(_mm256_packs_epi32(q0, q1), 0xd8);
+        const __m128i b = _mm_packs_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+        _mm_storeu_si128((__m128i *)(qb + j), b);
+        sum = _mm256_add_epi32(sum, _mm256_add_epi32(q0, q1));
+    }
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+    *dx = a / 127.f;
+    if (xsum != NULL) *xsum = *dx * (float)_mm_cvtsi128_si32(s4);
+}
+#endif
+
 static void quantize_rows_i8(const void *x, int x_bf16, int rows, int k, int bs, int8_t *xq,
                              float *dx, float *xsum, int threads) {
     const int blocks = k / bs;
@@ -148,6 +215,12 @@ static void quantize_rows_i8(const void *x, int x_bf16, int rows, int k, int bs,
     for (int i = 0; i < rows * blocks; i++) {
         const size_t at = (size_t)i * bs;
         int8_t *qb = xq + at;
+#ifdef I8_AVX2
+        if (bs % 16 == 0) {
+            quantize_block16(x, x_bf16, at, bs, qb, dx + i, xsum != NULL ? xsum + i : NULL);
+            continue;
+        }
+#endif
         float amax = 0.f; /* (not fmaxf, the same here: GCC 12's aarch64 vectorizer fails on
                            * that reduction beside the sum below, an internal compiler error) */
         for (int j = 0; j < bs; j++) {
