@@ -14,6 +14,7 @@ metadata (`localpaged.model.gguf_loader`) and those transformers built for an HF
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -99,6 +100,9 @@ class SavedTokenizer:
         return getattr(self.full(), name)
 
 
+TOKENIZER_CACHE_KEEP = 32  # saved tokenizers kept per kind (a few MiB each)
+
+
 def tokenizer_cache_dir(kind: str) -> Path:
     """Where saved tokenizers of `kind` are kept: "gguf", converted from GGUF metadata
     (converting a 49k-token BPE vocabulary takes seconds, loading the saved tokenizer.json well
@@ -128,16 +132,28 @@ def load_saved(folder: Path) -> Any:
 
 
 def save_tokenizer(tok: Any, folder: Path) -> None:
-    """Save atomically (a temp folder renamed into place); a failure only skips the cache."""
+    """Save atomically (a temp folder renamed into place); a failure only skips the cache.
+    The cache keeps the `TOKENIZER_CACHE_KEEP` most recently used entries of its kind."""
     tmp = folder.with_name(f".{folder.name}.{os.getpid()}.tmp")
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
         tok.save_pretrained(str(tmp))
         os.replace(tmp, folder)
+        _keep_recent(folder.parent, TOKENIZER_CACHE_KEEP)
     except OSError:
         pass
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _keep_recent(cache: Path, keep: int) -> None:
+    """Remove all but the `keep` most recently used entries (by their folder's time, which
+    `open_saved` refreshes): each file or folder of a model ever loaded has one, and moved or
+    deleted ones (and a test suite's temporary folders) would otherwise pile up."""
+    entries = [p for p in cache.iterdir() if p.is_dir() and not p.name.startswith(".")]
+    entries.sort(key=lambda p: p.stat().st_mtime_ns, reverse=True)
+    for old in entries[keep:]:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def open_saved(folder: Path) -> SavedTokenizer | None:
@@ -147,7 +163,10 @@ def open_saved(folder: Path) -> SavedTokenizer | None:
     if not (folder / "tokenizer.json").is_file():
         return None
     try:
-        return SavedTokenizer(folder, lambda: load_saved(folder))
+        saved = SavedTokenizer(folder, lambda: load_saved(folder))
     except Exception:
         shutil.rmtree(folder, ignore_errors=True)
         return None
+    with contextlib.suppress(OSError):
+        os.utime(folder)  # used now: the cache keeps the most recently used
+    return saved

@@ -4,6 +4,7 @@ tokenizers trained here and on the real SmolLM2 tokenizer."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -253,6 +254,29 @@ def test_hf_folder_damaged_cache(hf_tokenizers, tmp_path: Path, hf_cache: Path) 
     again = Tokenizer.from_pretrained(folder)
     assert isinstance(again.hf, SavedTokenizer)
     assert again.encode(FOLDER_TEXTS[0]) == tok.encode(FOLDER_TEXTS[0])
+
+
+def test_hf_tokenizer_cache_keeps_the_most_recently_used(
+        hf_tokenizers, tmp_path: Path, hf_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three folders through a cache that keeps two: the one used least recently is removed,
+    and using an entry (not only saving it) counts."""
+    from localpaged.model import saved_tokenizer
+
+    monkeypatch.setattr(saved_tokenizer, "TOKENIZER_CACHE_KEEP", 2)
+    folders = [_hf_folder(hf_tokenizers, "qwen", tmp_path / f"model{i}") for i in range(3)]
+    Tokenizer.from_pretrained(folders[0])
+    [first] = hf_cache.iterdir()
+    Tokenizer.from_pretrained(folders[1])
+    [second] = set(hf_cache.iterdir()) - {first}
+    past = second.stat().st_mtime_ns - 10**9  # clear of the file system's clock ticks
+    os.utime(first, ns=(past - 10**9, past - 10**9))
+    os.utime(second, ns=(past, past))
+    assert isinstance(Tokenizer.from_pretrained(folders[0]).hf, SavedTokenizer)  # used again
+    Tokenizer.from_pretrained(folders[2])
+    kept = set(hf_cache.iterdir())
+    assert len(kept) == 2 and first in kept and second not in kept
+    assert isinstance(Tokenizer.from_pretrained(folders[0]).hf, SavedTokenizer)
+    assert not isinstance(Tokenizer.from_pretrained(folders[1]).hf, SavedTokenizer)
 
 
 def test_fim_ids(qwen: Tokenizer, starcoder: Tokenizer, mistral: Tokenizer) -> None:
