@@ -567,6 +567,24 @@ static inline __attribute__((always_inline)) void w4_i8_group512(
     }
 }
 
+/* The codes of chunk c of a quads tile's group `gp` (with its 6-bit top bits `hg` when `six`)
+ * for all 16 columns: the chunk's 32 bytes in both halves of a zmm, the upper half shifted by
+ * 4, so that columns 0-7 are the low half and 8-15 the high one, 4 values of K per int32 lane. */
+static inline __attribute__((always_inline)) __m512i w4q_chunk512(const uint8_t *gp,
+                                                                 const uint8_t *hg, int c,
+                                                                 int six) {
+    const __m512i v = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(gp + c * 32)));
+    __m512i w = _mm512_and_si512(_mm512_srlv_epi64(v, _mm512_set_epi64(4, 4, 4, 4, 0, 0, 0, 0)),
+                                 _mm512_set1_epi8(0x0f));
+    if (six) { /* the top bits: chunk c even takes bits 0-1 / 2-3, odd 4-5 / 6-7 */
+        const __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(hg + (c / 2) * 32)));
+        const __m512i t = c % 2 ? _mm512_srlv_epi64(h, _mm512_set_epi64(2, 2, 2, 2, 0, 0, 0, 0))
+                                : _mm512_sllv_epi64(h, _mm512_set_epi64(2, 2, 2, 2, 4, 4, 4, 4));
+        w = _mm512_or_si512(w, _mm512_and_si512(t, _mm512_set1_epi8(0x30)));
+    }
+    return w;
+}
+
 /* w4q_i8_tile_n 16 columns wide: a chunk's 32 bytes go to both halves of a zmm, the upper
  * half shifted by 4, so that one AND gives the codes of all 16 columns x 4 values of K and
  * each row costs one broadcast and one `vpdpbusd` (with VNNI; else `vpmaddubsw` into int16
@@ -576,8 +594,10 @@ static inline __attribute__((always_inline)) void w4q_i8_tile512_n(
     const uint8_t *wp, const uint8_t *hp, const uint16_t *sbp, int zp, const int8_t *xq,
     const float *dx, const float *xs, float *acc, int rows, int k, int gs, int six, int nl) {
     const int groups = k / gs, chunks = gs / 4;
-    const __m512i low = _mm512_set1_epi8(0x0f), tops = _mm512_set1_epi8(0x30);
-    const __m512i shift = _mm512_set_epi64(4, 4, 4, 4, 0, 0, 0, 0);
+    const __m512i low = _mm512_set1_epi8(0x0f);
+#ifdef __AVX512VNNI__
+    const __m512i tops = _mm512_set1_epi8(0x30);
+#endif
     const __m512i book = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)I8_NL_VALUES));
     __m512 out[I8_ROWS];
     for (int m = 0; m < I8_ROWS; m++) out[m] = _mm512_setzero_ps();
@@ -644,7 +664,6 @@ static inline __attribute__((always_inline)) void w4q_i8_tile512_n(
             dot[m] = _mm512_add_epi32(_mm512_shuffle_i64x2(lo[m], hi[m], 0x44),  /* low halves */
                                       _mm512_shuffle_i64x2(lo[m], hi[m], 0xee)); /* high ones */
         }
-        (void)shift;
 #else
         const __m512i ones = _mm512_set1_epi16(1), sixteens = _mm512_set1_epi16(16);
         const __m512i book_lo = _mm512_and_si512(book, low);
@@ -656,14 +675,7 @@ static inline __attribute__((always_inline)) void w4q_i8_tile512_n(
             const int end = c0 + run < chunks ? c0 + run : chunks;
             for (int c = c0; c < end; c++) {
                 if (c % 2 == 0) _mm_prefetch((const char *)(gp + c * 32) + 1024, _MM_HINT_T0);
-                const __m512i v = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(gp + c * 32)));
-                __m512i w = _mm512_and_si512(_mm512_srlv_epi64(v, shift), low);
-                if (six) { /* columns 0-7 (low half) and 8-15 (high half) of chunk c */
-                    const __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(hg + (c / 2) * 32)));
-                    const __m512i t = c % 2 ? _mm512_srlv_epi64(h, _mm512_set_epi64(2, 2, 2, 2, 0, 0, 0, 0))
-                                            : _mm512_sllv_epi64(h, _mm512_set_epi64(2, 2, 2, 2, 4, 4, 4, 4));
-                    w = _mm512_or_si512(w, _mm512_and_si512(t, tops));
-                }
+                __m512i w = w4q_chunk512(gp, hg, c, six);
                 __m512i wh = w;
                 if (nl) { /* the code book's bytes as their nibbles */
                     wh = _mm512_shuffle_epi8(book_hi, w);
@@ -692,8 +704,8 @@ static inline __attribute__((always_inline)) void w4q_i8_tile512_n(
     for (int m = 0; m < rows; m++) _mm512_storeu_ps(acc + m * I8_TILE, out[m]);
 }
 #ifdef I8_WIDE_ROWS
-/* w4q_i8_tile512_n with VNNI for 5..8 rows: one chunk per zmm (the codes of all 16 columns x
- * 4 values of K, as the tile without VNNI unpacks them), so that a row's four activations are
+/* w4q_i8_tile512_n with VNNI for 5..8 rows: one chunk per zmm (`w4q_chunk512`, as the tile
+ * without VNNI unpacks them), so that a row's four activations are
  * a `vpdpbusd` operand broadcast from memory: one instruction per row and chunk, where the
  * two-chunk form also spends a `vpermd` on each row's activations; the weights' unpacking is
  * shared by twice the rows. The same integers and the same float32 operations per column. */
@@ -701,8 +713,6 @@ static inline __attribute__((always_inline)) void w4q_i8_tile512_wide_n(
     const uint8_t *wp, const uint8_t *hp, const uint16_t *sbp, int zp, const int8_t *xq,
     const float *dx, const float *xs, float *acc, int rows, int k, int gs, int six, int nl) {
     const int groups = k / gs, chunks = gs / 4;
-    const __m512i low = _mm512_set1_epi8(0x0f), tops = _mm512_set1_epi8(0x30);
-    const __m512i shift = _mm512_set_epi64(4, 4, 4, 4, 0, 0, 0, 0);
     const __m512i book = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)I8_NL_VALUES));
     __m512 out[I8_WIDE_ROWS];
     for (int m = 0; m < I8_WIDE_ROWS; m++) out[m] = _mm512_setzero_ps();
@@ -714,14 +724,7 @@ static inline __attribute__((always_inline)) void w4q_i8_tile512_wide_n(
         for (int m = 0; m < I8_WIDE_ROWS; m++) dot[m] = _mm512_setzero_si512();
         for (int c = 0; c < chunks; c++) {
             if (c % 2 == 0) _mm_prefetch((const char *)(gp + c * 32) + 1024, _MM_HINT_T0);
-            const __m512i v = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(gp + c * 32)));
-            __m512i w = _mm512_and_si512(_mm512_srlv_epi64(v, shift), low);
-            if (six) { /* columns 0-7 (low half) and 8-15 (high half) of chunk c */
-                const __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(hg + (c / 2) * 32)));
-                const __m512i t = c % 2 ? _mm512_srlv_epi64(h, _mm512_set_epi64(2, 2, 2, 2, 0, 0, 0, 0))
-                                        : _mm512_sllv_epi64(h, _mm512_set_epi64(2, 2, 2, 2, 4, 4, 4, 4));
-                w = _mm512_or_si512(w, _mm512_and_si512(t, tops));
-            }
+            __m512i w = w4q_chunk512(gp, hg, c, six);
             if (nl) w = _mm512_shuffle_epi8(book, w); /* the code book's bytes */
 #pragma GCC unroll 8
             for (int m = 0; m < I8_WIDE_ROWS; m++) {
@@ -1397,7 +1400,7 @@ static int q8_gemm_i8(const void *x, const int8_t *codes, const float *scales,
     }
 #endif
 #ifdef I8_Q8_VNNI
-    const int pass = wide ? I8_MAX_ROWS : I8_ROWS; /* rows per pass over a tile */
+    const int pass = wide ? I8_WIDE_ROWS : I8_ROWS; /* rows per pass over a tile */
 #else
     const int pass = I8_ROWS;
 #endif
