@@ -182,18 +182,17 @@ def hf_folder_tokenizer(folder: Path) -> Any:
     AutoTokenizer every time."""
     from localpaged.model.saved_tokenizer import open_saved, save_tokenizer, tokenizer_cache_dir
 
-    if not (folder / "tokenizer.json").is_file():
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(folder)
-    cached = tokenizer_cache_dir("hf") / _hf_folder_key(folder)
-    saved = open_saved(cached)
-    if saved is not None:
-        return saved
+    cached = None
+    if (folder / "tokenizer.json").is_file():
+        cached = tokenizer_cache_dir("hf") / _hf_folder_key(folder)
+        saved = open_saved(cached)
+        if saved is not None:
+            return saved
     from transformers import AutoTokenizer
 
     hf = AutoTokenizer.from_pretrained(folder)
-    save_tokenizer(hf, cached)
+    if cached is not None:
+        save_tokenizer(hf, cached)
     return hf
 
 
