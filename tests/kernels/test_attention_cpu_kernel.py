@@ -73,3 +73,49 @@ def test_paged_attention_takes_the_kernel_for_bf16_decode_steps_only(
     step = meta()
     paged_attention(q, k_cache, v_cache, step, 32**-0.5)
     assert step.derived["attn.cpu_kernel"] is False
+
+
+def _f32_kernel(q, k_cache, v_cache, tables, seq_lens, scale) -> torch.Tensor:
+    """The kernel's float32 build (the decode layer's, for float32 models)."""
+    lib = native.library()
+    out = torch.empty_like(q)
+    assert lib.paged_decode_f32(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
+                                tables.data_ptr(), tables.shape[1], seq_lens.data_ptr(),
+                                out.data_ptr(), q.shape[0], q.shape[1], k_cache.shape[2],
+                                q.shape[2], k_cache.shape[1], scale, 2) == 0
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize(("heads", "kv_heads", "dim", "bs"), [(9, 3, 64, 16), (8, 1, 128, 8)])
+def test_prompt_chunk_rows_equal_plain_attention(heads, kv_heads, dim, bs, dtype,
+                                                 cpu_variant) -> None:
+    """A prompt chunk as rows (one per token: the request's blocks, contexts growing by one,
+    taken together by the kernel), between decode rows of other requests, in runs longer than
+    the kernel's group (8) and shorter, starting mid-block and at position 0."""
+    g = torch.Generator().manual_seed(dim + bs)
+    lens = [40, 30, 5, 200]  # decode rows and the chunks' full contexts
+    _, k_cache, v_cache, tables, _ = _batch(g, lens, heads, kv_heads, dim, bs)
+    rows: list[tuple[int, int]] = [(0, 40)]  # (request, context)
+    rows += [(1, n) for n in range(12, 31)]  # a 19-token chunk: groups of 8, 8 and 3
+    rows += [(2, n) for n in range(1, 6)]  # a whole 5-token prompt from position 0
+    rows += [(3, 200), (3, 199)]  # not consecutive: one row each
+    row_tables = torch.stack([tables[r] for r, _ in rows]).contiguous()
+    row_lens = torch.tensor([n for _, n in rows], dtype=torch.int32)
+    q = torch.randn(len(rows), heads, dim, generator=g).to(torch.bfloat16)
+    ref = _reference(q, k_cache, v_cache, row_tables, row_lens, dim**-0.5)
+    if dtype == torch.bfloat16:
+        got = attention_cpu.paged_decode_attention_cpu(q, k_cache, v_cache, row_tables, row_lens,
+                                                       dim**-0.5)
+        torch.testing.assert_close(got.float(), ref, rtol=2e-2, atol=1e-2)  # bf16 output
+    else:
+        got = _f32_kernel(q.float(), k_cache.float(), v_cache.float(), row_tables, row_lens,
+                          dim**-0.5)
+        torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
+    # A row's result does not depend on the rows around it (bits, in either build).
+    alone = [attention_cpu.paged_decode_attention_cpu(q[i:i + 1], k_cache, v_cache,
+                                                      row_tables[i:i + 1], row_lens[i:i + 1],
+                                                      dim**-0.5)
+             for i in (0, len(rows) - 1)] if dtype == torch.bfloat16 else []
+    for i, one in zip((0, len(rows) - 1), alone):
+        assert torch.equal(one, got[i:i + 1])

@@ -1,6 +1,83 @@
 /* The body of paged_decode.c's kernel for one element type: included once per type with
  * PD_T, PD_LOAD, PD_STORE, PD_DOT and PD_NAME defined (and undefined again at the end). */
 /* Returns 0, -1 when scratch memory cannot be had, -2 for shapes past the limits above. */
+/* Rows b .. b + n - 1 (n >= 2) that are consecutive tokens of one request (the same blocks,
+ * row i's context seq_lens[b] + i), for KV head h: each key and value is read once for all
+ * their query heads, and the scores of 16 keys at a time are sums over the head dimension
+ * vectorized across the keys. Scratch: qf and acc [n * rep][dim], scores [n * rep][stride]. */
+static void PD_ROWS(const PD_T *q, const PD_T *k_cache, const PD_T *v_cache,
+                    const int32_t *table, int first_len, int n, int h, int heads, int kv_heads,
+                    int dim, int block_size, float scale, float *qf, float *acc,
+                    float *scores, int stride, PD_T *out) {
+    const int rep = heads / kv_heads, m = n * rep; /* query j: row j / rep, head j % rep */
+    const int last = first_len + n - 1;            /* the last row's context */
+    const size_t row = (size_t)kv_heads * dim;     /* one token's keys, all heads */
+    for (int j = 0; j < m; j++) {
+        const PD_T *qp = q + ((size_t)(j / rep) * heads + (size_t)h * rep + j % rep) * dim;
+        for (int d = 0; d < dim; d++) qf[(size_t)j * dim + d] = PD_LOAD(qp[d]) * scale;
+    }
+    float tile[MAX_DIM][PD_KEYS]; /* keys transposed: tile[d][key] */
+    for (int t0 = 0; t0 < last; t0 += PD_KEYS) {
+        const int w = last - t0 < PD_KEYS ? last - t0 : PD_KEYS;
+        for (int kk = 0; kk < PD_KEYS; kk++) {
+            if (kk >= w) {
+                for (int d = 0; d < dim; d++) tile[d][kk] = 0.f;
+                continue;
+            }
+            const int t = t0 + kk;
+            const PD_T *kp = k_cache + (size_t)table[t / block_size] * block_size * row
+                             + (size_t)(t % block_size) * row + (size_t)h * dim;
+            for (int d = 0; d < dim; d++) tile[d][kk] = PD_LOAD(kp[d]);
+        }
+        for (int j = 0; j < m; j += 4) {
+            const int nq = m - j < 4 ? m - j : 4;
+            if (t0 >= first_len + (j + nq - 1) / rep) continue; /* past these rows' contexts */
+            float s[4][PD_KEYS];
+            pd_scores16x4(qf + (size_t)j * dim, nq, (const float(*)[PD_KEYS])tile, dim, s);
+            for (int i = 0; i < nq; i++)
+                if (t0 < first_len + (j + i) / rep)
+                    memcpy(scores + (size_t)(j + i) * stride + t0, s[i], sizeof(float) * w);
+        }
+    }
+    float total[PD_GROUP * MAX_REP];
+    for (int j = 0; j < m; j++) {
+        const int len = first_len + j / rep;
+        float *sr = scores + (size_t)j * stride, top = sr[0], sum = 0.f;
+#pragma omp simd reduction(max : top)
+        for (int t = 1; t < len; t++) top = sr[t] > top ? sr[t] : top;
+#pragma omp simd reduction(+ : sum)
+        for (int t = 0; t < len; t++) {
+            sr[t] = exp_nonpositive(sr[t] - top);
+            sum += sr[t];
+        }
+        total[j] = sum;
+    }
+    memset(acc, 0, sizeof(float) * (size_t)m * dim);
+    float vals[PD_KEYS][MAX_DIM];
+    for (int t0 = 0; t0 < last; t0 += PD_KEYS) {
+        const int w = last - t0 < PD_KEYS ? last - t0 : PD_KEYS;
+        for (int kk = 0; kk < w; kk++) {
+            const int t = t0 + kk;
+            const PD_T *vp = v_cache + (size_t)table[t / block_size] * block_size * row
+                             + (size_t)(t % block_size) * row + (size_t)h * dim;
+#pragma omp simd
+            for (int d = 0; d < dim; d++) vals[kk][d] = PD_LOAD(vp[d]);
+        }
+        for (int j = 0; j < m; j++) {
+            const int len = first_len + j / rep;
+            const int wj = len - t0 < w ? len - t0 : w;
+            if (wj <= 0) continue;
+            pd_weighted_sum(scores + (size_t)j * stride + t0, wj,
+                            (const float(*)[MAX_DIM])vals, dim, acc + (size_t)j * dim);
+        }
+    }
+    for (int j = 0; j < m; j++) {
+        PD_T *op = out + ((size_t)(j / rep) * heads + (size_t)h * rep + j % rep) * dim;
+        const float inv = 1.f / total[j];
+        for (int d = 0; d < dim; d++) op[d] = PD_STORE(acc[(size_t)j * dim + d] * inv);
+    }
+}
+
 int PD_NAME(const PD_T *q, const PD_T *k_cache, const PD_T *v_cache,
                       const int32_t *tables, int table_stride, const int32_t *seq_lens,
                       PD_T *out, int batch, int heads, int kv_heads, int dim, int block_size,
@@ -9,20 +86,43 @@ int PD_NAME(const PD_T *q, const PD_T *k_cache, const PD_T *v_cache,
     if (rep > MAX_REP || dim > MAX_DIM) return -2;
     int max_len = 1;
     for (int b = 0; b < batch; b++) max_len = seq_lens[b] > max_len ? seq_lens[b] : max_len;
+    /* Tasks: a row, or up to PD_GROUP consecutive tokens of one request (a prompt chunk). */
+    int *starts = malloc(sizeof(int) * ((size_t)batch + 1));
+    if (starts == NULL) return -1;
+    int tasks = 0, widest = 1;
+    for (int b = 0; b < batch;) {
+        int n = 1;
+        while (b + n < batch && n < PD_GROUP
+               && pd_continues(tables, table_stride, seq_lens, block_size, b + n))
+            n++;
+        starts[tasks++] = b;
+        widest = n > widest ? n : widest;
+        b += n;
+    }
+    starts[tasks] = batch;
     int failed = 0;
 #pragma omp parallel num_threads(threads)
     {
-        float *scores = malloc(sizeof(float) * (size_t)rep * max_len);
-        if (scores == NULL) {
+        float *scores = malloc(sizeof(float) * (size_t)rep * widest * max_len);
+        float *qf_rows = widest > 1 ? malloc(sizeof(float) * 2 * (size_t)widest * rep * dim) : NULL;
+        if (scores == NULL || (widest > 1 && qf_rows == NULL)) {
 #pragma omp atomic write
             failed = 1;
         }
 #pragma omp for collapse(2) schedule(dynamic)
-        for (int b = 0; b < batch; b++)
+        for (int task = 0; task < tasks; task++)
             for (int h = 0; h < kv_heads; h++) {
-                if (scores == NULL) continue;
-                const int len = seq_lens[b];
+                if (scores == NULL || (widest > 1 && qf_rows == NULL)) continue;
+                const int b = starts[task], rows = starts[task + 1] - b;
                 const int32_t *table = tables + (size_t)b * table_stride;
+                if (rows > 1) {
+                    PD_ROWS(q + (size_t)b * heads * dim, k_cache, v_cache, table, seq_lens[b],
+                            rows, h, heads, kv_heads, dim, block_size, scale, qf_rows,
+                            qf_rows + (size_t)widest * rep * dim, scores, max_len,
+                            out + (size_t)b * heads * dim);
+                    continue;
+                }
+                const int len = seq_lens[b];
                 const size_t row = (size_t)kv_heads * dim; /* one token's keys, all heads */
                 float qf[MAX_REP][MAX_DIM], acc[MAX_REP][MAX_DIM];
                 for (int r = 0; r < rep; r++) {
@@ -44,6 +144,7 @@ int PD_NAME(const PD_T *q, const PD_T *k_cache, const PD_T *v_cache,
                 float total[MAX_REP];
                 for (int r = 0; r < rep; r++) {
                     float *sr = scores + (size_t)r * len, top = sr[0], sum = 0.f;
+#pragma omp simd reduction(max : top)
                     for (int t = 1; t < len; t++) top = sr[t] > top ? sr[t] : top;
 #pragma omp simd reduction(+ : sum)
                     for (int t = 0; t < len; t++) {
@@ -76,7 +177,9 @@ int PD_NAME(const PD_T *q, const PD_T *k_cache, const PD_T *v_cache,
                 }
             }
         free(scores);
+        free(qf_rows);
     }
+    free(starts);
     return failed ? -1 : 0;
 }
 
@@ -85,3 +188,4 @@ int PD_NAME(const PD_T *q, const PD_T *k_cache, const PD_T *v_cache,
 #undef PD_STORE
 #undef PD_DOT
 #undef PD_NAME
+#undef PD_ROWS
