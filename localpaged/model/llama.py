@@ -29,8 +29,13 @@ from localpaged.model.rope import build_cos_sin, table_offset
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
 # Prompt chunks up to this many tokens take the native decode plan, one row per token (see
-# `_run_mixed`); longer ones the torch layers, whose batched attention scales better.
+# `_run_mixed`); longer ones the torch layers, whose batched attention scales better. The
+# plan's attention costs about 4x torch's per query and context token (Sapphire Rapids, bf16:
+# 0.78 against 0.2 us over SmolLM2's layers) and saves the torch layers' fixed ~15 ms, so a
+# chunk also leaves it once its queries times its context passes NATIVE_MAX_ATTENTION
+# (16 tokens at context 2000, 64 at 500).
 NATIVE_MAX_QUERY = 64
+NATIVE_MAX_ATTENTION = 32768
 
 
 def fuse_linears(layers: list[nn.Module]) -> nn.Module:
@@ -307,16 +312,19 @@ class LlamaForCausalLM(nn.Module):
     def _run_mixed(self, h: torch.Tensor, positions: torch.Tensor, kv_caches: list[KVCache],
                    meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(output, residual) of the last layer for a step with prompt chunks: decodes and
-        chunks of up to NATIVE_MAX_QUERY tokens through the native decode plan (each chunk
+        chunks of up to NATIVE_MAX_QUERY tokens (and NATIVE_MAX_ATTENTION tokens x context)
+        through the native decode plan (each chunk
         token a row of its own, `token_rows`: no torch fixed cost per layer for a follow-up
         turn or a chunk beside decodes), longer chunks through the torch layers as a batch of
         their own. None when no request is short enough or the plan cannot run it."""
         starts = meta.query_start_loc.tolist()
         lens = [starts[i + 1] - starts[i] for i in range(len(starts) - 1)]
-        short = [i for i, n in enumerate(lens) if n <= NATIVE_MAX_QUERY]
+        native = [n <= NATIVE_MAX_QUERY and (n == 1 or n * ctx <= NATIVE_MAX_ATTENTION)
+                  for n, ctx in zip(lens, meta.seq_lens.tolist())]
+        short = [i for i, yes in enumerate(native) if yes]
         if not short:
             return None
-        longer = [i for i, n in enumerate(lens) if n > NATIVE_MAX_QUERY]
+        longer = [i for i, yes in enumerate(native) if not yes]
         nat_meta, nat_rows = select_requests(meta, short)
         done = self.cpu_decode.run(h.index_select(0, nat_rows), positions.index_select(0, nat_rows),
                                    self.cos_sin, kv_caches, token_rows(nat_meta))

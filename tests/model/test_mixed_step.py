@@ -116,18 +116,35 @@ def _check_mixed_step(model: torch.nn.Module, step_builder: Callable) -> None:
         torch.testing.assert_close(v, v2, **tol)
 
 
-@pytest.mark.parametrize("native_max", [64, 8], ids=["chunks-native", "chunks-torch"])
+@pytest.mark.parametrize(("native_max", "max_attention", "torch_rows"),
+                         [(64, 32768, 0), (8, 32768, 24), (64, 200, 13)],
+                         ids=["chunks-native", "chunks-torch", "long-context-chunk-torch"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "f32"])
 def test_mixed_step_splits_decodes_and_chunks_on_a_4bit_qwen2(
         tiny_qwen2: Path, step_builder: Callable, to_4bit: Callable, dtype: torch.dtype,
-        native_max: int, monkeypatch: pytest.MonkeyPatch) -> None:
+        native_max: int, max_attention: int, torch_rows: int,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """Chunks of up to NATIVE_MAX_QUERY tokens through the native plan (one row per token),
-    longer ones through the torch layers: both exact against their own steps."""
+    unless their tokens times their context pass NATIVE_MAX_ATTENTION (C: 13 x 29, D:
+    11 x 11); longer ones through the torch layers: all exact against their own steps."""
     monkeypatch.setattr(llama, "NATIVE_MAX_QUERY", native_max)
+    monkeypatch.setattr(llama, "NATIVE_MAX_ATTENTION", max_attention)
     model, _ = load_model(tiny_qwen2, dtype=dtype)
     to_4bit(model)
     optimize_for_inference(model, torch.device("cpu"))
+    seen: list[int] = []
+    run_layers = model._run_layers
+
+    def spy(h: torch.Tensor, *args: object) -> object:
+        seen.append(h.shape[0])
+        return run_layers(h, *args)
+
+    monkeypatch.setattr(model, "_run_layers", spy)
     _check_mixed_step(model, step_builder)
+    # The torch layers' batches (filling the prefixes, the steps, the reference's 29 rows):
+    # the chunks they took in the mixed and prefill-only steps, or none of them.
+    chunk_batches = {n for n in seen if n in (11, 13, 24)}
+    assert chunk_batches == ({torch_rows} if torch_rows else set()), seen
 
 
 @pytest.mark.smollm
