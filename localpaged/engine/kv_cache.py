@@ -178,6 +178,19 @@ class KVCacheManager:
         self.stats.hits += len(hits) * self.block_size
         return hits, len(hits) * self.block_size
 
+    def cached_prefix_tokens(self, request: Request) -> int:
+        """Tokens of a new request's prompt the prefix cache holds now (what
+        `get_computed_blocks` would give), without counting the lookup in the stats."""
+        if not self.enable_prefix_caching or request.num_computed_tokens:
+            return 0
+        self._update_hashes(request, request.num_tokens)
+        hits = 0
+        for block_hash in request.block_hashes[:(request.num_tokens - 1) // self.block_size]:
+            if self.pool.get_cached_block(block_hash) is None:
+                break
+            hits += 1
+        return hits * self.block_size
+
     def allocate_slots(
         self, request: Request, num_new_tokens: int, new_computed_blocks: Sequence[KVBlock] = ()
     ) -> bool:

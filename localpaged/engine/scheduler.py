@@ -3,15 +3,17 @@
 Every step is one flat batch under a token budget: the decodes of running requests (one
 token each) plus prefill chunks of requests still reading their prompt. When the pool runs
 out of blocks the latest-arrived running request is preempted (its blocks freed, recomputed
-later, largely from the prefix cache). Fair share: while several requests prefill, each chunk
-is capped, and waiting requests of sessions with fewer running requests go first, so one long
-prompt or one busy session cannot starve the other chats.
+later, largely from the prefix cache). Prompts: short ones (a follow-up turn after its
+cached history) go first, so a chat's next turn never waits behind another chat's long
+document; long ones are read first come, first served, the oldest taking the budget left, so
+a long prompt is not slowed down by the ones sent after it (splitting the budget between
+them would delay every one of them). Waiting requests of sessions with fewer running
+requests are admitted first, so one busy session cannot starve the other chats.
 
 With a step-time bound (`StepTimeBound`, fed by the engine's measured step timings), a step
 that carries decodes cuts its prefill chunks to what fits in the bound, so a streaming chat
 does not wait for a long prompt being read; the step's first prefill chunk still gets at
-least one block, so prefill always advances. Chunks are then handed out in the usual order
-(running requests by admission, then waiting ones by session fair share).
+least one block, so prefill always advances. Chunks are then handed out in the order above.
 """
 
 from __future__ import annotations
@@ -30,15 +32,15 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 512
     max_num_seqs: int = 64
     max_model_len: int = 2048
-    # Cap on one request's prefill chunk while others share the step (fair share).
-    long_prefill_token_threshold: int | None = None
+    # A prompt with at most this many tokens left to read is short: it goes before long ones.
+    short_prompt_tokens: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_num_batched_tokens", "max_num_seqs", "max_model_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} is invalid: expected >= 1")
-        if self.long_prefill_token_threshold is None:
-            self.long_prefill_token_threshold = max(1, self.max_num_batched_tokens // 4)
+        if self.short_prompt_tokens is None:
+            self.short_prompt_tokens = max(1, self.max_num_batched_tokens // 4)
 
 
 @dataclass
@@ -108,31 +110,62 @@ class Scheduler:
 
     # -- one step ------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
-        """Pick this step's batch. Never exceeds the token budget or max_num_seqs."""
+        """Pick this step's batch. Never exceeds the token budget or max_num_seqs.
+
+        Order: decodes, then short prompts (at most `short_prompt_tokens` left to read: a
+        follow-up turn after its cached history, a quick question), running ones then waiting
+        ones, then long prompts first come, first served, the oldest with all the budget
+        left. A long prompt read first is not slowed by others sent after it, and a short one
+        never waits behind a long one."""
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
-        n_prefilling = sum(1 for r in self.running if r.num_tokens - r.num_computed_tokens > 1)
-        n_prefilling += len(self.waiting)
-        chunk_cap = budget if n_prefilling <= 1 else self.config.long_prefill_token_threshold
         decodes = StepShape()
         for r in self.running:
             if r.num_tokens - r.num_computed_tokens == 1:
                 decodes = decodes.with_decode(r.num_tokens)
         chunks = StepChunks(self.time_bound, decodes)
+        budget = self._schedule_running(out, budget, chunks, long=False)
+        if not out.preempted:
+            budget = self._admit_waiting(out, budget, chunks, short_only=True)
+            budget = self._schedule_running(out, budget, chunks, long=True)
+            self._admit_waiting(out, budget, chunks, short_only=False)
+        if chunks.target is not None:
+            self.step_target = chunks.target
+        return out
 
+    def _schedule_running(self, out: SchedulerOutput, budget: int, chunks: StepChunks,
+                          long: bool) -> int:
+        """Schedule the running requests' decodes and short prompt chunks (`long` False), or
+        their long prompts' chunks (`long` True). Decodes and short chunks preempt the latest
+        admitted requests when the pool runs out of blocks; a long chunk that does not fit
+        waits instead (the requests after it may be scheduled already). Returns the budget
+        left."""
+        scheduled = {s.request.request_id for s in out.scheduled}
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
-            prefilling = request.num_tokens - request.num_computed_tokens > 1
-            if prefilling:  # still reading its prompt
+            left = request.num_tokens - request.num_computed_tokens
+            prefilling = left > 1  # still reading its prompt
+            if (left > self.config.short_prompt_tokens) != long or (
+                    long and request.request_id in scheduled):
+                i += 1
+                continue
+            if prefilling:
                 self._take_blocks_computed_meanwhile(request)
             start = request.num_computed_tokens
-            num_new = min(request.num_tokens - start, budget, chunk_cap)
+            num_new = min(request.num_tokens - start, budget)
             if prefilling:
                 num_new = chunks.size(start, num_new)
                 if num_new == 0:  # no time left in this step: it goes on next step
                     i += 1
                     continue
+            if long:
+                if self.kv.allocate_slots(request, num_new):
+                    out.scheduled.append(ScheduledRequest(request, num_new))
+                    budget -= num_new
+                    chunks.add(start, num_new)
+                i += 1
+                continue
             while not self.kv.allocate_slots(request, num_new):
                 victim = self.running.pop()  # latest admitted first
                 self._preempt(victim)
@@ -147,12 +180,7 @@ class Scheduler:
                 i += 1
                 continue
             break  # the request itself was preempted: nothing after it is left running
-
-        if not out.preempted:
-            self._admit_waiting(out, budget, chunk_cap, chunks)
-        if chunks.target is not None:
-            self.step_target = chunks.target
-        return out
+        return budget
 
     def _take_blocks_computed_meanwhile(self, request: Request) -> None:
         """Skip the part of a running request's prompt that other requests have computed
@@ -162,15 +190,21 @@ class Scheduler:
             request.num_computed_tokens += num_hit
             request.num_cached_tokens += num_hit
 
-    def _admit_waiting(self, out: SchedulerOutput, budget: int, chunk_cap: int,
-                       chunks: StepChunks) -> None:
+    def _admit_waiting(self, out: SchedulerOutput, budget: int, chunks: StepChunks,
+                       short_only: bool) -> int:
+        """Admit waiting requests (session fair share, then arrival) while the budget, the
+        pool and max_num_seqs allow; with `short_only`, only those with a short prompt left
+        after their cached prefix (the others keep their place). Returns the budget left."""
+        passed: list[Request] = []
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self._next_waiting()
+            if short_only and self._left_after_cache(request) > self.config.short_prompt_tokens:
+                passed.append(request)
+                continue
             # Sized before the prefix-cache lookup (which counts its queries): a request the
             # step has no time for is not looked up again and again.
             limit = chunks.size(request.num_computed_tokens,
-                                min(request.num_tokens - request.num_computed_tokens,
-                                    budget, chunk_cap))
+                                min(request.num_tokens - request.num_computed_tokens, budget))
             if limit == 0:
                 self.waiting.appendleft(request)
                 break
@@ -192,6 +226,16 @@ class Scheduler:
             out.scheduled.append(ScheduledRequest(request, num_new))
             budget -= num_new
             chunks.add(start, num_new)
+        self.waiting.extendleft(reversed(passed))
+        return budget
+
+    def _left_after_cache(self, request: Request) -> int:
+        """Prompt tokens a waiting request would still compute after its cached prefix
+        (looked up without counting it as a query)."""
+        left = request.num_tokens - request.num_computed_tokens
+        if left <= self.config.short_prompt_tokens or request.num_computed_tokens:
+            return left
+        return left - self.kv.cached_prefix_tokens(request)
 
     def _next_waiting(self) -> Request:
         """The waiting request whose session has the fewest running requests (then oldest)."""

@@ -138,7 +138,7 @@ def test_preemption_recomputes_and_keeps_tokens() -> None:
         assert r.output_token_ids == reference_output(p, 6)
 
 
-def test_chunked_prefill_mixes_with_decodes_and_fair_share() -> None:
+def test_a_short_prompt_rides_beside_a_long_one_and_the_long_one_takes_the_rest() -> None:
     sim = Sim(num_blocks=200, bs=4, budget=32, max_seqs=8)
     short = Request("short", [1, 2, 3], SamplingParams(max_tokens=20, ignore_eos=True), session_id="tab1")
     sim.s.add_request(short)
@@ -149,20 +149,56 @@ def test_chunked_prefill_mixes_with_decodes_and_fair_share() -> None:
     sim.s.add_request(late)
     out = sim.s.schedule()
     chunks = {x.request.request_id: x.num_new_tokens for x in out.scheduled}
-    # One step holds the decode, a capped chunk of the long prompt and the late arrival.
-    assert chunks["short"] == 1
-    assert chunks["late"] == 2
-    assert chunks["long"] <= sim.s.config.long_prefill_token_threshold
+    # One step holds the decode, the late short prompt (though it came after the long one)
+    # and the long prompt's chunk with the rest of the budget.
+    assert chunks == {"short": 1, "late": 2, "long": 32 - 1 - 2}
     sim.s.update_from_output(out, {"short": 0, "late": 0})
+
+
+def test_long_prompts_are_read_first_come_first_served() -> None:
+    """A long prompt is not slowed by long ones sent after it: it takes the whole budget
+    until it is read, and the next one starts in the step it ends."""
+    sim = Sim(num_blocks=400, bs=4, budget=32, max_seqs=8)
+    first = Request("first", [1] * 70, SamplingParams(max_tokens=1), session_id="a")
+    sim.s.add_request(first)
+    for i in range(3):
+        sim.s.add_request(Request(f"next{i}", [2 + i] * 40, SamplingParams(max_tokens=1),
+                                  session_id=f"s{i}"))
+    steps = []
+    while sim.s.has_unfinished_requests():
+        out = sim.s.schedule()
+        steps.append({x.request.request_id: x.num_new_tokens for x in out.scheduled})
+        sim.s.update_from_output(out, {x.request.request_id: 0 for x in out.scheduled
+                                       if x.samples})
+    assert steps[:3] == [{"first": 32}, {"first": 32}, {"first": 6, "next0": 26}]
+    assert steps[3] == {"next0": 14, "next1": 18}
+
+
+def test_a_follow_up_turn_goes_before_a_long_prompt_being_read() -> None:
+    """A waiting request whose prompt is mostly a cached history is short: it is admitted
+    before the running long prompt takes the budget."""
+    sim = Sim(num_blocks=400, bs=4, budget=32, max_seqs=8)
+    history = [5] * 60
+    turn1 = Request("turn1", history, SamplingParams(max_tokens=1), session_id="chat")
+    sim.s.add_request(turn1)
+    while sim.s.has_unfinished_requests():
+        sim.step()
+    sim.s.add_request(Request("doc", [1] * 300, SamplingParams(max_tokens=1), session_id="doc"))
+    sim.step()  # the document is being read, 32 tokens a step
+    sim.s.add_request(Request("turn2", history + [6] * 6, SamplingParams(max_tokens=1),
+                              session_id="chat"))
+    out = sim.s.schedule()
+    chunks = {x.request.request_id: x.num_new_tokens for x in out.scheduled}
+    # 60 cached tokens (15 blocks), 6 new: all read in this step, the document the rest.
+    assert chunks == {"turn2": 6, "doc": 26}
 
 
 def test_waiting_requests_of_idle_sessions_go_first() -> None:
     sim = Sim(num_blocks=100, bs=4, budget=8, max_seqs=8)
     for i in range(4):
-        sim.s.add_request(Request(f"busy{i}", [1] * 8, SamplingParams(max_tokens=2), session_id="busy"))
-    sim.s.add_request(Request("other", [2] * 8, SamplingParams(max_tokens=2), session_id="other"))
+        sim.s.add_request(Request(f"busy{i}", [1] * 2, SamplingParams(max_tokens=2), session_id="busy"))
+    sim.s.add_request(Request("other", [2] * 2, SamplingParams(max_tokens=2), session_id="other"))
     first = sim.s.schedule()
-    # Chunks are capped (several prompts wait); the idle session's request comes second,
-    # ahead of the busy session's older ones.
+    # The idle session's request comes second, ahead of the busy session's older ones.
     assert [x.request.request_id for x in first.scheduled] == ["busy0", "other", "busy1", "busy2"]
     assert all(x.num_new_tokens == 2 for x in first.scheduled)
