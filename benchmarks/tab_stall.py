@@ -3,7 +3,7 @@
 Chat A streams 128 tokens; at A's 10th token chat B sends a 3000-token prompt, then 4 more
 chats send 1000-token prompts. Measured, per compute path (the CPU's default dtype and
 float32), without the step-time bound (before: max_step_ms=0) and with it (after: the
-default, 2x a decode-only step), each on an engine of its own:
+default, 2x a decode-only step and at least 100 ms), each on an engine of its own:
 
     A's median gap between tokens alone, and its p50 / p99 / longest gap in the mix
     B's time to first token alone and in the mix

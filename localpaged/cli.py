@@ -20,7 +20,7 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
 def _add_step_bound_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-step-ms", type=float, default=None, metavar="MS",
                    help="how long a step may take while chats stream and a prompt is read "
-                        "(default: about 2x a decode-only step, learned; 0: no bound)")
+                        "(default: about 2x a decode-only step, learned, at least 100; 0: no bound)")
 
 
 def build_parser() -> argparse.ArgumentParser:

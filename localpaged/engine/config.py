@@ -19,7 +19,8 @@ class EngineArgs:
     num_kv_blocks overrides it with an exact block count (tests use tiny pools).
     max_step_ms: the time a step carrying decodes may take, so that a long prompt being read
     does not stall the chats that are streaming (see engine/step_bound.py): None (default)
-    about 2 x what the decodes alone cost, learned as the engine runs; 0 no bound.
+    about 2 x what the decodes alone cost, learned as the engine runs, and at least 100 ms;
+    0 no bound.
     """
 
     model: str

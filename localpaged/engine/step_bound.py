@@ -5,14 +5,18 @@ gets a time target and its prefill chunks are cut to what the learned cost model
 Steps with no decodes are not bounded: a lone long prompt keeps the whole token budget.
 
 Default target (`max_step_ms=None`): AUTO_MULTIPLE = 2 x what a step of the same decodes
-alone costs, so the prompt gets one decode step's worth of time per step. Why 2 and no floor
-in milliseconds: the point is that a streaming chat's gaps stay close to its own pace (the
-issue asks for a p99 gap <= 2.5x the median alone; 2 leaves a quarter of a step for
-misprediction and timing noise), on every machine, fast or slow, without a constant per
-machine. A floor such as 150 ms would be 4-15x the decode step of the CPU paths (10-35 ms)
-and allow exactly the stalls this bound exists to stop. The price is paid by the prompt being
-read alongside: while a chat streams, a long prompt reads at about half speed (at full budget
-again once the stream ends).
+alone costs, so the prompt gets one decode step's worth of time per step, and never less than
+AUTO_FLOOR_S = 100 ms. Why the floor: on a CPU a step of one block of prompt beside a decode
+already costs 3-8 decode steps (the layers' fixed part, and attention over the prompt's
+context: 25-40 ms against a 5 ms decode step for SmolLM2 on 2 cores), so a target of 2 decode
+steps holds every step to that one block, and a long prompt read beside a stream took 3x as
+long to answer as alone while the stream still had 45 ms gaps (benchmarks/tab_stall.py:
+B's TTFT 3.15x, throughput 0.55x, A's p99 gap 44 ms). At 100 ms: B 1.6x, throughput 0.85x,
+A's p99 gap 125 ms. A token every 100 ms is 10 tokens a second, faster than anyone reads
+(4-7), so the stream never visibly stalls; below that each millisecond the stream gains costs
+the prompt being read more than it is worth. Where a decode step is short and a block of
+prompt cheap (a GPU), 2 decode steps is below the floor too: the prompt's chunks then grow
+to what 100 ms holds, at most the token budget.
 
 Where the decodes cost more in a step that reads a prompt than in a step of their own (on
 the CPU the decode rows run their native call per layer in both, but the prompt's chunks
@@ -32,6 +36,7 @@ from typing import Protocol
 from localpaged.engine.step_cost import StepShape
 
 AUTO_MULTIPLE = 2.0
+AUTO_FLOOR_S = 0.1
 
 
 class StepCosts(Protocol):
@@ -49,12 +54,14 @@ class StepCosts(Protocol):
 class StepTimeBound:
     """Sizes the prefill chunks of steps that carry decodes, from a step-cost model."""
 
-    def __init__(self, costs: StepCosts, max_step_ms: float | None, min_chunk: int) -> None:
+    def __init__(self, costs: StepCosts, max_step_ms: float | None, min_chunk: int,
+                 floor_s: float = AUTO_FLOOR_S) -> None:
         if max_step_ms is not None and not max_step_ms > 0:
             raise ValueError(f"max_step_ms={max_step_ms} is invalid: expected > 0 or None (auto)")
         self.costs = costs
         self.fixed_target = None if max_step_ms is None else max_step_ms / 1e3
         self.min_chunk = min_chunk
+        self.floor_s = floor_s  # the automatic target's least value
 
     def target(self, decodes: StepShape) -> float | None:
         """Seconds a step carrying `decodes` and prompt chunks may take; None while nothing
@@ -66,7 +73,7 @@ class StepTimeBound:
             return None
         base = self.costs.prefill_base(decodes)
         share = (AUTO_MULTIPLE - 1) * alone  # the prompt's time in the step
-        return max(AUTO_MULTIPLE * alone, (base or 0.0) + share)
+        return max(AUTO_MULTIPLE * alone, (base or 0.0) + share, self.floor_s)
 
     def chunk(self, shape: StepShape, start: int, limit: int, target: float | None,
               first: bool) -> int:

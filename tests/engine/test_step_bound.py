@@ -8,7 +8,7 @@ from localpaged.engine.engine import step_shape
 from localpaged.engine.kv_cache import KVCacheManager
 from localpaged.engine.request import Request, SamplingParams
 from localpaged.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
-from localpaged.engine.step_bound import AUTO_MULTIPLE, StepTimeBound
+from localpaged.engine.step_bound import AUTO_FLOOR_S, AUTO_MULTIPLE, StepTimeBound
 from localpaged.engine.step_cost import StepCostModel, StepShape
 
 BLOCK = 16
@@ -41,9 +41,13 @@ class FakeCosts:
         return max(AUTO_MULTIPLE * d, self.prefill_base(s) + (AUTO_MULTIPLE - 1) * d)
 
 
-def scheduler(max_step_ms: float | None = None, costs: object | None = None) -> Scheduler:
+def scheduler(max_step_ms: float | None = None, costs: object | None = None,
+              floor_s: float = 0.0) -> Scheduler:
+    """A scheduler whose automatic target has no floor unless asked (the fake costs' steps
+    are tens of ms: the floor of 100 ms would hide the multiple)."""
     kv = KVCacheManager(1000, BLOCK, True)
-    bound = StepTimeBound(costs or FakeCosts(), max_step_ms, BLOCK)  # type: ignore[arg-type]
+    bound = StepTimeBound(costs or FakeCosts(), max_step_ms, BLOCK,  # type: ignore[arg-type]
+                          floor_s=floor_s)
     return Scheduler(SchedulerConfig(BUDGET, 16, max_model_len=20_000), kv, bound)
 
 
@@ -225,3 +229,25 @@ def test_the_ramp_holds_the_step_not_each_chunk() -> None:
         add(s, f"P{i}", 100)
     _, chunks = run(s)
     assert chunks == {"A": 1, "P0": 2 * BLOCK}
+
+
+def test_the_automatic_target_is_at_least_the_floor() -> None:
+    """Where 2 decode steps are less than 100 ms (here 22 ms), a step carrying a decode may
+    take 100 ms: the prompt's chunk is what fits in that (here all the budget left), where
+    without the floor it is what fits in 22 ms."""
+    def chunk_beside_a_decode(floor_s: float) -> tuple[int, float | None]:
+        s = scheduler(floor_s=floor_s)
+        add(s, "A", 8)
+        run(s)  # A decodes from now on
+        add(s, "B", 5000)
+        _, chunks = run(s)
+        assert chunks["A"] == 1
+        return chunks["B"], s.step_target
+
+    costs = FakeCosts()
+    fits_in_floor = int((AUTO_FLOOR_S - costs.prefill_base(StepShape(decodes=1))) / 0.00012)
+    assert fits_in_floor > BUDGET
+    assert chunk_beside_a_decode(AUTO_FLOOR_S) == (BUDGET - 1, pytest.approx(AUTO_FLOOR_S))
+    without, target = chunk_beside_a_decode(0.0)
+    assert target == pytest.approx(costs.target(StepShape(decodes=1, decode_context=9)))
+    assert without < 100
