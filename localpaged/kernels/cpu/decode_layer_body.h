@@ -86,37 +86,55 @@ static void DL_FN(rotate)(DL_T *row, int heads, int dim, const float *cos_sin) {
  * MLP output. residual: [batch][hidden], in and out (`first`: none yet, x starts it).
  * Returns 0, or a negative number when scratch memory cannot be had. */
 /* A mixture of experts' MLPs over `b` rows of x [b][hidden] into out: for each row, its `k`
- * chosen experts (chosen [b][k], in increasing expert order as the torch path adds them),
- * each expert's gate_up, silu-and-mul and down, times its router weight (weights [b][k]:
- * the model dtype's values as float32), summed in the model's dtype. One call for a step's
- * experts instead of three calls a chosen expert. Returns 0, or -1 when out of memory. */
+ * chosen experts (chosen [b][k], in increasing expert order), each expert's gate_up,
+ * silu-and-mul and down, times its router weight (weights [b][k]: the model dtype's values as
+ * float32), summed in the model's dtype. Each expert runs once over all the rows that chose
+ * it, in increasing expert order, as the torch module does: the same row counts per matmul
+ * (on AMX they choose the kernel), the same sums. Returns 0, or -1 when out of memory. */
 int DL_FN(moe_rows)(const struct w4_layer *gate_up, const struct w4_layer *down,
                     const int32_t *chosen, const float *weights, int k, const DL_T *x,
                     DL_T *out, int b, int hidden, int inter, int threads) {
-    DL_T *wide = malloc(sizeof(DL_T) * 2 * (size_t)inter);
-    DL_T *narrow = malloc(sizeof(DL_T) * (size_t)inter);
-    DL_T *y = malloc(sizeof(DL_T) * (size_t)hidden);
+    int experts = 0;
+    for (int i = 0; i < b * k; i++) experts = chosen[i] >= experts ? chosen[i] + 1 : experts;
+    DL_T *xs = malloc(sizeof(DL_T) * (size_t)b * hidden);
+    DL_T *wide = malloc(sizeof(DL_T) * (size_t)b * 2 * inter);
+    DL_T *narrow = malloc(sizeof(DL_T) * (size_t)b * inter);
+    DL_T *y = malloc(sizeof(DL_T) * (size_t)b * hidden);
+    int *rows = malloc(sizeof(int) * (size_t)b);
+    float *w = malloc(sizeof(float) * (size_t)b);
     int rc = -1;
-    if (wide == NULL || narrow == NULL || y == NULL) goto done;
-    for (int m = 0; m < b; m++) {
-        DL_T *om = out + (size_t)m * hidden;
-        for (int i = 0; i < hidden; i++) om[i] = DL_STORE(0.f);
-        for (int j = 0; j < k; j++) {
-            const int e = chosen[(size_t)m * k + j];
-            if ((rc = DL_FN(linear)(&gate_up[e], x + (size_t)m * hidden, wide, 1, threads)))
-                goto done;
-            DL_FN(silu_and_mul)(wide, narrow, 1, inter, threads);
-            if ((rc = DL_FN(linear)(&down[e], narrow, y, 1, threads))) goto done;
-            const float w = weights[(size_t)m * k + j];
+    if (xs == NULL || wide == NULL || narrow == NULL || y == NULL || rows == NULL || w == NULL)
+        goto done;
+    for (size_t i = 0; i < (size_t)b * hidden; i++) out[i] = DL_STORE(0.f);
+    for (int e = 0; e < experts; e++) {
+        int n = 0;
+        for (int m = 0; m < b; m++)
+            for (int j = 0; j < k; j++)
+                if (chosen[(size_t)m * k + j] == e) {
+                    rows[n] = m;
+                    w[n++] = weights[(size_t)m * k + j];
+                }
+        if (n == 0) continue;
+        for (int r = 0; r < n; r++)
+            memcpy(xs + (size_t)r * hidden, x + (size_t)rows[r] * hidden, sizeof(DL_T) * hidden);
+        if ((rc = DL_FN(linear)(&gate_up[e], xs, wide, n, threads))) goto done;
+        DL_FN(silu_and_mul)(wide, narrow, n, inter, threads);
+        if ((rc = DL_FN(linear)(&down[e], narrow, y, n, threads))) goto done;
+        for (int r = 0; r < n; r++) {
+            DL_T *om = out + (size_t)rows[r] * hidden;
+            const DL_T *yr = y + (size_t)r * hidden;
             for (int i = 0; i < hidden; i++)
-                om[i] = DL_STORE(DL_ROUND(DL_LOAD(om[i]) + DL_ROUND(DL_LOAD(y[i]) * w)));
+                om[i] = DL_STORE(DL_ROUND(DL_LOAD(om[i]) + DL_ROUND(DL_LOAD(yr[i]) * w[r])));
         }
     }
     rc = 0;
 done:
+    free(xs);
     free(wide);
     free(narrow);
     free(y);
+    free(rows);
+    free(w);
     return rc;
 }
 
