@@ -7,9 +7,9 @@ Steps with no decodes are not bounded: a lone long prompt keeps the whole token 
 Default target (`max_step_ms=None`): AUTO_MULTIPLE = 2 x what a step of the same decodes
 alone costs, so the prompt gets one decode step's worth of time per step, and never less than
 AUTO_FLOOR_S = 100 ms. Why the floor: on a CPU a step of one block of prompt beside a decode
-already costs 3-8 decode steps (the layers' fixed part, and attention over the prompt's
-context: 25-40 ms against a 5 ms decode step for SmolLM2 on 2 cores), so a target of 2 decode
-steps holds every step to that one block, and a long prompt read beside a stream took 3x as
+already costs 2.5-8 decode steps (the layers' fixed part, and attention over the prompt's
+context: 11-14 ms at context 0, 37-39 ms at 2000, against a 4.5-5 ms decode step for SmolLM2
+on 2 cores), so a target of 2 decode steps holds every step to that one block, and a long prompt read beside a stream took 3x as
 long to answer as alone while the stream still had 45 ms gaps (benchmarks/tab_stall.py:
 B's TTFT 3.15x, throughput 0.55x, A's p99 gap 44 ms). At 100 ms: B 1.6x, throughput 0.85x,
 A's p99 gap 125 ms. A token every 100 ms is 10 tokens a second, faster than anyone reads
