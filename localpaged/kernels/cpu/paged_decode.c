@@ -44,6 +44,19 @@ static inline float exp_nonpositive(float x) {
     return p * scale;
 }
 
+/* The scores s[0 .. len) replaced by e^(s - max), unnormalized; returns their sum. */
+static inline float pd_softmax(float *s, int len) {
+    float top = s[0], sum = 0.f;
+#pragma omp simd reduction(max : top)
+    for (int t = 1; t < len; t++) top = s[t] > top ? s[t] : top;
+#pragma omp simd reduction(+ : sum)
+    for (int t = 0; t < len; t++) {
+        s[t] = exp_nonpositive(s[t] - top);
+        sum += s[t];
+    }
+    return sum;
+}
+
 /* q . k * scale: from the float32 query row `qf`, or (AVX512-BF16, dim % 32 == 0) straight
  * from the bf16 query `qb` with VDPBF16PS (products exact, sums in float32). */
 static inline float dot_scaled_bf16(const float *qf, const uint16_t *qb, const uint16_t *kp,

@@ -42,15 +42,7 @@ static void PD_ROWS(const PD_T *q, const PD_T *k_cache, const PD_T *v_cache,
     float total[PD_GROUP * MAX_REP];
     for (int j = 0; j < m; j++) {
         const int len = first_len + j / rep;
-        float *sr = scores + (size_t)j * stride, top = sr[0], sum = 0.f;
-#pragma omp simd reduction(max : top)
-        for (int t = 1; t < len; t++) top = sr[t] > top ? sr[t] : top;
-#pragma omp simd reduction(+ : sum)
-        for (int t = 0; t < len; t++) {
-            sr[t] = exp_nonpositive(sr[t] - top);
-            sum += sr[t];
-        }
-        total[j] = sum;
+        total[j] = pd_softmax(scores + (size_t)j * stride, len);
     }
     memset(acc, 0, sizeof(float) * (size_t)m * dim);
     float vals[PD_KEYS][MAX_DIM];
@@ -143,15 +135,7 @@ int PD_NAME(const PD_T *q, const PD_T *k_cache, const PD_T *v_cache,
                 }
                 float total[MAX_REP];
                 for (int r = 0; r < rep; r++) {
-                    float *sr = scores + (size_t)r * len, top = sr[0], sum = 0.f;
-#pragma omp simd reduction(max : top)
-                    for (int t = 1; t < len; t++) top = sr[t] > top ? sr[t] : top;
-#pragma omp simd reduction(+ : sum)
-                    for (int t = 0; t < len; t++) {
-                        sr[t] = exp_nonpositive(sr[t] - top);
-                        sum += sr[t];
-                    }
-                    total[r] = sum;
+                    total[r] = pd_softmax(scores + (size_t)r * len, len);
                     memset(acc[r], 0, sizeof(float) * dim);
                 }
                 for (int t0 = 0; t0 < len; t0 += block_size) {
