@@ -165,14 +165,7 @@ class KVCacheManager:
         own = len(self.req_blocks.get(request.request_id, ()))
         if not self.enable_prefix_caching or request.num_computed_tokens != own * self.block_size:
             return [], 0
-        self._update_hashes(request, request.num_tokens)
-        max_hit_blocks = (request.num_tokens - 1) // self.block_size
-        hits: list[KVBlock] = []
-        for block_hash in request.block_hashes[own:max_hit_blocks]:
-            block = self.pool.get_cached_block(block_hash)
-            if block is None:
-                break
-            hits.append(block)
+        hits = self._cached_blocks_after(request, own)
         if own == 0:
             self.stats.queries += request.num_tokens
         self.stats.hits += len(hits) * self.block_size
@@ -183,13 +176,19 @@ class KVCacheManager:
         `get_computed_blocks` would give), without counting the lookup in the stats."""
         if not self.enable_prefix_caching or request.num_computed_tokens:
             return 0
+        return len(self._cached_blocks_after(request, 0)) * self.block_size
+
+    def _cached_blocks_after(self, request: Request, own: int) -> list[KVBlock]:
+        """The cached blocks that continue the request's prompt after its first `own` blocks
+        (never its last token's block: that token's logits are needed)."""
         self._update_hashes(request, request.num_tokens)
-        hits = 0
-        for block_hash in request.block_hashes[:(request.num_tokens - 1) // self.block_size]:
-            if self.pool.get_cached_block(block_hash) is None:
+        hits: list[KVBlock] = []
+        for block_hash in request.block_hashes[own:(request.num_tokens - 1) // self.block_size]:
+            block = self.pool.get_cached_block(block_hash)
+            if block is None:
                 break
-            hits += 1
-        return hits * self.block_size
+            hits.append(block)
+        return hits
 
     def allocate_slots(
         self, request: Request, num_new_tokens: int, new_computed_blocks: Sequence[KVBlock] = ()
