@@ -28,14 +28,18 @@ from localpaged.model.config import ModelConfig
 from localpaged.model.rope import build_cos_sin, table_offset
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
-# Prompt chunks up to this many tokens take the native decode plan, one row per token (see
-# `_run_mixed`); longer ones the torch layers, whose batched attention scales better. The
-# plan's attention costs about 4x torch's per query and context token (Sapphire Rapids, bf16:
-# 0.78 against 0.2 us over SmolLM2's layers) and saves the torch layers' fixed ~15 ms, so a
-# chunk also leaves it once its queries times its context passes NATIVE_MAX_ATTENTION
-# (16 tokens at context 2000, 64 at 500).
-NATIVE_MAX_QUERY = 64
-NATIVE_MAX_ATTENTION = 32768
+# Prompt chunks take the native decode plan, one row per token (see `_run_mixed`), up to
+# (tokens, tokens x context) by the model's dtype; longer ones the torch layers, whose
+# batched attention scales better with the context. The plan saves the torch layers' fixed
+# cost (~15 ms a step on SmolLM2) and their elementwise ops. bfloat16: the plan's attention
+# costs ~4x torch's per query and context token (Sapphire Rapids: torch's is AMX's), so only
+# short chunks (16 tokens at context 2000, 64 at 500). float32 (the int8 builds): a 512-token
+# prompt reads 901 against 768 tok/s through the torch layers (SmolLM2, avx2; 1698 against
+# 1196 avx512vnni), a 2048-token one 573 against 627 (avx2), so chunks up to context 1024.
+NATIVE_LIMITS: dict[torch.dtype, tuple[int, int]] = {
+    torch.bfloat16: (64, 32768),
+    torch.float32: (512, 512 * 1024),
+}
 
 
 def fuse_linears(layers: list[nn.Module]) -> nn.Module:
@@ -312,14 +316,14 @@ class LlamaForCausalLM(nn.Module):
     def _run_mixed(self, h: torch.Tensor, positions: torch.Tensor, kv_caches: list[KVCache],
                    meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(output, residual) of the last layer for a step with prompt chunks: decodes and
-        chunks of up to NATIVE_MAX_QUERY tokens (and NATIVE_MAX_ATTENTION tokens x context)
-        through the native decode plan (each chunk token a row of its own, `token_rows`: no
-        torch fixed cost per layer for a follow-up turn or a chunk beside decodes), longer
-        chunks through the torch layers as a batch of
-        their own. None when no request is short enough or the plan cannot run it."""
+        chunks within NATIVE_LIMITS (tokens, and tokens x context) through the native plan
+        (each chunk token a row of its own, `token_rows`: no torch fixed cost per layer for a
+        follow-up turn or a chunk beside decodes), longer chunks through the torch layers as a
+        batch of their own. None when no request is short enough or the plan cannot run it."""
         starts = meta.query_start_loc.tolist()
         lens = [starts[i + 1] - starts[i] for i in range(len(starts) - 1)]
-        native = [n <= NATIVE_MAX_QUERY and (n == 1 or n * ctx <= NATIVE_MAX_ATTENTION)
+        max_query, max_attention = NATIVE_LIMITS.get(h.dtype, NATIVE_LIMITS[torch.bfloat16])
+        native = [n <= max_query and (n == 1 or n * ctx <= max_attention)
                   for n, ctx in zip(lens, meta.seq_lens.tolist())]
         short = [i for i, yes in enumerate(native) if yes]
         if not short:

@@ -87,17 +87,19 @@ def _f32_kernel(q, k_cache, v_cache, tables, seq_lens, scale) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize(("heads", "kv_heads", "dim", "bs"), [(9, 3, 64, 16), (8, 1, 128, 8)])
+@pytest.mark.parametrize(("heads", "kv_heads", "dim", "bs"),
+                         [(9, 3, 64, 16), (8, 1, 128, 8), (6, 2, 96, 16), (4, 4, 40, 8)])
 def test_prompt_chunk_rows_equal_plain_attention(heads, kv_heads, dim, bs, dtype,
                                                  cpu_variant) -> None:
     """A prompt chunk as rows (one per token: the request's blocks, contexts growing by one,
     taken together by the kernel), between decode rows of other requests, in runs longer than
-    the kernel's group (8) and shorter, starting mid-block and at position 0."""
+    the kernel's group (16) and shorter, starting mid-block and at position 0; head sizes
+    that fill the vector loops and that leave a remainder."""
     g = torch.Generator().manual_seed(dim + bs)
-    lens = [40, 30, 5, 200]  # decode rows and the chunks' full contexts
+    lens = [40, 52, 5, 200]  # decode rows and the chunks' full contexts
     _, k_cache, v_cache, tables, _ = _batch(g, lens, heads, kv_heads, dim, bs)
     rows: list[tuple[int, int]] = [(0, 40)]  # (request, context)
-    rows += [(1, n) for n in range(12, 31)]  # a 19-token chunk: groups of 8, 8 and 3
+    rows += [(1, n) for n in range(12, 53)]  # a 41-token chunk: groups of 16, 16 and 9
     rows += [(2, n) for n in range(1, 6)]  # a whole 5-token prompt from position 0
     rows += [(3, 200), (3, 199)]  # not consecutive: one row each
     row_tables = torch.stack([tables[r] for r, _ in rows]).contiguous()

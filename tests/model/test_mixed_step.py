@@ -124,11 +124,10 @@ def test_mixed_step_splits_decodes_and_chunks_on_a_4bit_qwen2(
         tiny_qwen2: Path, step_builder: Callable, to_4bit: Callable, dtype: torch.dtype,
         native_max: int, max_attention: int, torch_rows: int,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """Chunks of up to NATIVE_MAX_QUERY tokens through the native plan (one row per token),
-    unless their tokens times their context pass NATIVE_MAX_ATTENTION (C: 13 x 29, D:
+    """Chunks within NATIVE_LIMITS through the native plan (one row per token): up to its
+    tokens, unless their tokens times their context pass its second limit (C: 13 x 29, D:
     11 x 11); longer ones through the torch layers: all exact against their own steps."""
-    monkeypatch.setattr(llama, "NATIVE_MAX_QUERY", native_max)
-    monkeypatch.setattr(llama, "NATIVE_MAX_ATTENTION", max_attention)
+    monkeypatch.setitem(llama.NATIVE_LIMITS, dtype, (native_max, max_attention))
     model, _ = load_model(tiny_qwen2, dtype=dtype)
     to_4bit(model)
     optimize_for_inference(model, torch.device("cpu"))

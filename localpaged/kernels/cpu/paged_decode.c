@@ -22,10 +22,14 @@
 #define PD_AVX512BF16 1
 #endif
 
-/* e^x for x <= 0 (softmax after subtracting the max), vectorizable: 2^(x log2 e) split into
- * an integer power (built in the exponent bits) and a polynomial on [-0.5, 0.5]
- * (relative error ~2e-7). */
-#pragma omp declare simd
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+/* e^x for x <= 0 (softmax after subtracting the max): 2^(x log2 e) split into an integer
+ * power (built in the exponent bits) and a polynomial on [-0.5, 0.5] (relative error ~2e-7).
+ * The vector forms below compute the same operations in the same order (separate multiplies
+ * and adds, as the scalar code compiles under ISO C), so every build gives the same bits. */
 static inline float exp_nonpositive(float x) {
     float t = x * 1.44269504f;
     t = t < -126.f ? -126.f : t;
@@ -44,17 +48,84 @@ static inline float exp_nonpositive(float x) {
     return p * scale;
 }
 
-/* The scores s[0 .. len) replaced by e^(s - max), unnormalized; returns their sum. */
-static inline float pd_softmax(float *s, int len) {
-    float top = s[0], sum = 0.f;
-#pragma omp simd reduction(max : top)
-    for (int t = 1; t < len; t++) top = s[t] > top ? s[t] : top;
-#pragma omp simd reduction(+ : sum)
-    for (int t = 0; t < len; t++) {
-        s[t] = exp_nonpositive(s[t] - top);
+#if defined(__AVX512F__)
+static inline __m512 exp_nonpositive16(__m512 x) {
+#define PD_MA(p, f, c) _mm512_add_ps(_mm512_mul_ps(p, f), _mm512_set1_ps(c))
+    const __m512 t = _mm512_max_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
+                                   _mm512_set1_ps(-126.f));
+    const __m512 big = _mm512_set1_ps(12582912.f);
+    const __m512 n = _mm512_sub_ps(_mm512_add_ps(t, big), big), f = _mm512_sub_ps(t, n);
+    __m512 p = _mm512_set1_ps(1.535336188e-4f);
+    p = PD_MA(p, f, 1.339887440e-3f);
+    p = PD_MA(p, f, 9.618437357e-3f);
+    p = PD_MA(p, f, 5.550332471e-2f);
+    p = PD_MA(p, f, 2.402264791e-1f);
+    p = PD_MA(p, f, 6.931472028e-1f);
+    p = PD_MA(p, f, 1.0f);
+#undef PD_MA
+    const __m512i bits = _mm512_slli_epi32(
+        _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
+}
+#elif defined(__AVX2__)
+static inline __m256 exp_nonpositive8(__m256 x) {
+#define PD_MA(p, f, c) _mm256_add_ps(_mm256_mul_ps(p, f), _mm256_set1_ps(c))
+    const __m256 t = _mm256_max_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
+                                   _mm256_set1_ps(-126.f));
+    const __m256 big = _mm256_set1_ps(12582912.f);
+    const __m256 n = _mm256_sub_ps(_mm256_add_ps(t, big), big), f = _mm256_sub_ps(t, n);
+    __m256 p = _mm256_set1_ps(1.535336188e-4f);
+    p = PD_MA(p, f, 1.339887440e-3f);
+    p = PD_MA(p, f, 9.618437357e-3f);
+    p = PD_MA(p, f, 5.550332471e-2f);
+    p = PD_MA(p, f, 2.402264791e-1f);
+    p = PD_MA(p, f, 6.931472028e-1f);
+    p = PD_MA(p, f, 1.0f);
+#undef PD_MA
+    const __m256i bits = _mm256_slli_epi32(
+        _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+#endif
+
+/* s[t] = e^(s[t] - shift) for t < len (every s[t] - shift <= 0); returns their sum. */
+static inline float exp_shifted(float *s, int len, float shift) {
+    float sum = 0.f;
+    int t = 0;
+#if defined(__AVX512F__)
+    __m512 acc = _mm512_setzero_ps();
+    for (; t + 16 <= len; t += 16) {
+        const __m512 e = exp_nonpositive16(_mm512_sub_ps(_mm512_loadu_ps(s + t),
+                                                         _mm512_set1_ps(shift)));
+        _mm512_storeu_ps(s + t, e);
+        acc = _mm512_add_ps(acc, e);
+    }
+    sum = _mm512_reduce_add_ps(acc);
+#elif defined(__AVX2__)
+    __m256 acc = _mm256_setzero_ps();
+    for (; t + 8 <= len; t += 8) {
+        const __m256 e = exp_nonpositive8(_mm256_sub_ps(_mm256_loadu_ps(s + t),
+                                                        _mm256_set1_ps(shift)));
+        _mm256_storeu_ps(s + t, e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    const __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    const __m128 q = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    sum = _mm_cvtss_f32(_mm_add_ss(q, _mm_movehdup_ps(q)));
+#endif
+    for (; t < len; t++) {
+        s[t] = exp_nonpositive(s[t] - shift);
         sum += s[t];
     }
     return sum;
+}
+
+/* The scores s[0 .. len) replaced by e^(s - max), unnormalized; returns their sum. */
+static inline float pd_softmax(float *s, int len) {
+    float top = s[0];
+#pragma omp simd reduction(max : top)
+    for (int t = 1; t < len; t++) top = s[t] > top ? s[t] : top;
+    return exp_shifted(s, len, top);
 }
 
 /* q . k * scale: from the float32 query row `qf`, or (AVX512-BF16, dim % 32 == 0) straight
@@ -92,54 +163,55 @@ static inline float as_f32(float v) { return v; }
 
 #define MAX_REP 16  /* query heads per KV head */
 #define MAX_DIM 256 /* head dimension */
-#define PD_GROUP 8  /* consecutive tokens of one request attended in one task (a prompt chunk) */
+#define PD_GROUP 16 /* consecutive tokens of one request attended in one task (a prompt chunk) */
 #define PD_KEYS 16  /* keys scored together by the grouped rows */
 
-#if defined(__AVX512F__) || defined(__AVX2__)
-#include <immintrin.h>
-#endif
+#define PD_QROWS 8  /* query rows scored together against a tile of keys */
 
-/* s[i][key] = sum over d of q[i * dim + d] * tile[d][key], for PD_KEYS keys and nq <= 4
- * query rows q (four independent sums: the tile's loads shared, no chain of one sum). */
-static inline void pd_scores16x4(const float *q, int nq, const float (*tile)[PD_KEYS],
-                                 int dim, float (*s)[PD_KEYS]) {
-    const float *q0 = q, *q1 = q + (nq > 1 ? dim : 0), *q2 = q + (nq > 2 ? 2 * dim : 0),
-                *q3 = q + (nq > 3 ? 3 * dim : 0); /* missing rows repeat row 0, unstored */
+/* s[i][key] = sum over d of q[i * dim + d] * tile[d][key], for PD_KEYS keys and nq <= PD_QROWS
+ * query rows q: independent sums (eight chains of FMAs), the tile's loads shared by the rows.
+ * Missing rows repeat row 0 and are not stored. */
+static inline void pd_scores16(const float *q, int nq, const float (*tile)[PD_KEYS], int dim,
+                               float (*s)[PD_KEYS]) {
+    const float *rows[PD_QROWS];
+    for (int i = 0; i < PD_QROWS; i++) rows[i] = q + (i < nq ? (size_t)i * dim : 0);
 #if defined(__AVX512F__)
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    __m512 acc[PD_QROWS];
+    for (int i = 0; i < PD_QROWS; i++) acc[i] = _mm512_setzero_ps();
     for (int d = 0; d < dim; d++) {
         const __m512 t = _mm512_loadu_ps(tile[d]);
-        a0 = _mm512_fmadd_ps(_mm512_set1_ps(q0[d]), t, a0);
-        a1 = _mm512_fmadd_ps(_mm512_set1_ps(q1[d]), t, a1);
-        a2 = _mm512_fmadd_ps(_mm512_set1_ps(q2[d]), t, a2);
-        a3 = _mm512_fmadd_ps(_mm512_set1_ps(q3[d]), t, a3);
+#pragma GCC unroll 8
+        for (int i = 0; i < PD_QROWS; i++)
+            acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(rows[i][d]), t, acc[i]);
     }
-    _mm512_storeu_ps(s[0], a0);
-    if (nq > 1) _mm512_storeu_ps(s[1], a1);
-    if (nq > 2) _mm512_storeu_ps(s[2], a2);
-    if (nq > 3) _mm512_storeu_ps(s[3], a3);
+    for (int i = 0; i < nq; i++) _mm512_storeu_ps(s[i], acc[i]);
 #elif defined(__AVX2__)
-    const float *rows[4] = {q0, q1, q2, q3};
-    for (int i = 0; i < nq; i += 2) { /* two rows a pass: four chains of 8 keys */
-        const float *qa = rows[i], *qb = rows[i + 1 < nq ? i + 1 : i];
-        __m256 al = _mm256_setzero_ps(), ah = al, bl = al, bh = al;
+    for (int i0 = 0; i0 < nq; i0 += 4) { /* four rows a pass: eight chains of 8 keys */
+        const float *r0 = rows[i0], *r1 = rows[i0 + 1], *r2 = rows[i0 + 2], *r3 = rows[i0 + 3];
+        __m256 a0l = _mm256_setzero_ps(), a0h = a0l, a1l = a0l, a1h = a0l, a2l = a0l,
+               a2h = a0l, a3l = a0l, a3h = a0l;
         for (int d = 0; d < dim; d++) {
             const __m256 tl = _mm256_loadu_ps(tile[d]), th = _mm256_loadu_ps(tile[d] + 8);
-            const __m256 xa = _mm256_set1_ps(qa[d]), xb = _mm256_set1_ps(qb[d]);
-            al = _mm256_fmadd_ps(xa, tl, al);
-            ah = _mm256_fmadd_ps(xa, th, ah);
-            bl = _mm256_fmadd_ps(xb, tl, bl);
-            bh = _mm256_fmadd_ps(xb, th, bh);
+            __m256 x = _mm256_set1_ps(r0[d]);
+            a0l = _mm256_fmadd_ps(x, tl, a0l);
+            a0h = _mm256_fmadd_ps(x, th, a0h);
+            x = _mm256_set1_ps(r1[d]);
+            a1l = _mm256_fmadd_ps(x, tl, a1l);
+            a1h = _mm256_fmadd_ps(x, th, a1h);
+            x = _mm256_set1_ps(r2[d]);
+            a2l = _mm256_fmadd_ps(x, tl, a2l);
+            a2h = _mm256_fmadd_ps(x, th, a2h);
+            x = _mm256_set1_ps(r3[d]);
+            a3l = _mm256_fmadd_ps(x, tl, a3l);
+            a3h = _mm256_fmadd_ps(x, th, a3h);
         }
-        _mm256_storeu_ps(s[i], al);
-        _mm256_storeu_ps(s[i] + 8, ah);
-        if (i + 1 < nq) {
-            _mm256_storeu_ps(s[i + 1], bl);
-            _mm256_storeu_ps(s[i + 1] + 8, bh);
+        const __m256 out[4][2] = {{a0l, a0h}, {a1l, a1h}, {a2l, a2h}, {a3l, a3h}};
+        for (int i = 0; i < 4 && i0 + i < nq; i++) {
+            _mm256_storeu_ps(s[i0 + i], out[i][0]);
+            _mm256_storeu_ps(s[i0 + i] + 8, out[i][1]);
         }
     }
 #else
-    const float *rows[4] = {q0, q1, q2, q3};
     for (int i = 0; i < nq; i++) {
         for (int kk = 0; kk < PD_KEYS; kk++) s[i][kk] = 0.f;
         for (int d = 0; d < dim; d++)
@@ -148,48 +220,59 @@ static inline void pd_scores16x4(const float *q, int nq, const float (*tile)[PD_
 #endif
 }
 
-/* a[d] += sum over keys k < n of p[k] * vals[k][d], in key order. */
-static inline void pd_weighted_sum(const float *p, int n, const float (*vals)[MAX_DIM],
-                                   int dim, float *a) {
+/* a[i * dim + d] += sum over k < n of p[i * p_stride + k] * vals[k][d], for nq <= 4 query
+ * rows: the values' loads shared by the rows (missing rows repeat row 0, not stored). */
+static inline void pd_weighted_sum4(const float *p, size_t p_stride, int nq, int n,
+                                    const float (*vals)[MAX_DIM], int dim, float *a) {
+    const float *pr[4];
+    float *ar[4];
+    for (int i = 0; i < 4; i++) {
+        pr[i] = p + (i < nq ? (size_t)i * p_stride : 0);
+        ar[i] = a + (i < nq ? (size_t)i * dim : 0);
+    }
     int d = 0;
 #if defined(__AVX512F__)
     for (; d + 64 <= dim; d += 64) {
-        __m512 a0 = _mm512_loadu_ps(a + d), a1 = _mm512_loadu_ps(a + d + 16);
-        __m512 a2 = _mm512_loadu_ps(a + d + 32), a3 = _mm512_loadu_ps(a + d + 48);
+        __m512 acc[4][4];
+        for (int i = 0; i < 4; i++)
+            for (int c = 0; c < 4; c++) acc[i][c] = _mm512_loadu_ps(ar[i] + d + 16 * c);
         for (int k = 0; k < n; k++) {
-            const __m512 pk = _mm512_set1_ps(p[k]);
-            a0 = _mm512_fmadd_ps(pk, _mm512_loadu_ps(vals[k] + d), a0);
-            a1 = _mm512_fmadd_ps(pk, _mm512_loadu_ps(vals[k] + d + 16), a1);
-            a2 = _mm512_fmadd_ps(pk, _mm512_loadu_ps(vals[k] + d + 32), a2);
-            a3 = _mm512_fmadd_ps(pk, _mm512_loadu_ps(vals[k] + d + 48), a3);
+            __m512 v[4];
+            for (int c = 0; c < 4; c++) v[c] = _mm512_loadu_ps(vals[k] + d + 16 * c);
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; i++) {
+                const __m512 pk = _mm512_set1_ps(pr[i][k]);
+                for (int c = 0; c < 4; c++) acc[i][c] = _mm512_fmadd_ps(pk, v[c], acc[i][c]);
+            }
         }
-        _mm512_storeu_ps(a + d, a0);
-        _mm512_storeu_ps(a + d + 16, a1);
-        _mm512_storeu_ps(a + d + 32, a2);
-        _mm512_storeu_ps(a + d + 48, a3);
-    }
-#elif defined(__AVX2__)
-    for (; d + 32 <= dim; d += 32) {
-        __m256 a0 = _mm256_loadu_ps(a + d), a1 = _mm256_loadu_ps(a + d + 8);
-        __m256 a2 = _mm256_loadu_ps(a + d + 16), a3 = _mm256_loadu_ps(a + d + 24);
-        for (int k = 0; k < n; k++) {
-            const __m256 pk = _mm256_set1_ps(p[k]);
-            a0 = _mm256_fmadd_ps(pk, _mm256_loadu_ps(vals[k] + d), a0);
-            a1 = _mm256_fmadd_ps(pk, _mm256_loadu_ps(vals[k] + d + 8), a1);
-            a2 = _mm256_fmadd_ps(pk, _mm256_loadu_ps(vals[k] + d + 16), a2);
-            a3 = _mm256_fmadd_ps(pk, _mm256_loadu_ps(vals[k] + d + 24), a3);
-        }
-        _mm256_storeu_ps(a + d, a0);
-        _mm256_storeu_ps(a + d + 8, a1);
-        _mm256_storeu_ps(a + d + 16, a2);
-        _mm256_storeu_ps(a + d + 24, a3);
+        for (int i = 0; i < nq; i++)
+            for (int c = 0; c < 4; c++) _mm512_storeu_ps(ar[i] + d + 16 * c, acc[i][c]);
     }
 #endif
-    for (; d < dim; d++) {
-        float sum = a[d];
-        for (int k = 0; k < n; k++) sum += p[k] * vals[k][d];
-        a[d] = sum;
+#if defined(__AVX512F__) || defined(__AVX2__)
+    for (; d + 16 <= dim; d += 16) {
+        __m256 acc[4][2];
+        for (int i = 0; i < 4; i++)
+            for (int c = 0; c < 2; c++) acc[i][c] = _mm256_loadu_ps(ar[i] + d + 8 * c);
+        for (int k = 0; k < n; k++) {
+            const __m256 v0 = _mm256_loadu_ps(vals[k] + d), v1 = _mm256_loadu_ps(vals[k] + d + 8);
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; i++) {
+                const __m256 pk = _mm256_set1_ps(pr[i][k]);
+                acc[i][0] = _mm256_fmadd_ps(pk, v0, acc[i][0]);
+                acc[i][1] = _mm256_fmadd_ps(pk, v1, acc[i][1]);
+            }
+        }
+        for (int i = 0; i < nq; i++)
+            for (int c = 0; c < 2; c++) _mm256_storeu_ps(ar[i] + d + 8 * c, acc[i][c]);
     }
+#endif
+    for (; d < dim; d++)
+        for (int i = 0; i < nq; i++) {
+            float sum = ar[i][d];
+            for (int k = 0; k < n; k++) sum += pr[i][k] * vals[k][d];
+            ar[i][d] = sum;
+        }
 }
 
 /* Whether row b is the token after row b - 1's in the same request: a context one longer,

@@ -29,11 +29,11 @@ static void PD_ROWS(const PD_T *q, const PD_T *k_cache, const PD_T *v_cache,
                              + (size_t)(t % block_size) * row + (size_t)h * dim;
             for (int d = 0; d < dim; d++) tile[d][kk] = PD_LOAD(kp[d]);
         }
-        for (int j = 0; j < m; j += 4) {
-            const int nq = m - j < 4 ? m - j : 4;
+        for (int j = 0; j < m; j += PD_QROWS) {
+            const int nq = m - j < PD_QROWS ? m - j : PD_QROWS;
             if (t0 >= first_len + (j + nq - 1) / rep) continue; /* past these rows' contexts */
-            float s[4][PD_KEYS];
-            pd_scores16x4(qf + (size_t)j * dim, nq, (const float(*)[PD_KEYS])tile, dim, s);
+            float s[PD_QROWS][PD_KEYS];
+            pd_scores16(qf + (size_t)j * dim, nq, (const float(*)[PD_KEYS])tile, dim, s);
             for (int i = 0; i < nq; i++)
                 if (t0 < first_len + (j + i) / rep)
                     memcpy(scores + (size_t)(j + i) * stride + t0, s[i], sizeof(float) * w);
@@ -43,6 +43,8 @@ static void PD_ROWS(const PD_T *q, const PD_T *k_cache, const PD_T *v_cache,
     for (int j = 0; j < m; j++) {
         const int len = first_len + j / rep;
         total[j] = pd_softmax(scores + (size_t)j * stride, len);
+        /* zeros up to the last row's context: every row then sums the same keys */
+        for (int t = len; t < last; t++) scores[(size_t)j * stride + t] = 0.f;
     }
     memset(acc, 0, sizeof(float) * (size_t)m * dim);
     float vals[PD_KEYS][MAX_DIM];
@@ -55,13 +57,9 @@ static void PD_ROWS(const PD_T *q, const PD_T *k_cache, const PD_T *v_cache,
 #pragma omp simd
             for (int d = 0; d < dim; d++) vals[kk][d] = PD_LOAD(vp[d]);
         }
-        for (int j = 0; j < m; j++) {
-            const int len = first_len + j / rep;
-            const int wj = len - t0 < w ? len - t0 : w;
-            if (wj <= 0) continue;
-            pd_weighted_sum(scores + (size_t)j * stride + t0, wj,
-                            (const float(*)[MAX_DIM])vals, dim, acc + (size_t)j * dim);
-        }
+        for (int j = 0; j < m; j += 4)
+            pd_weighted_sum4(scores + (size_t)j * stride + t0, stride, m - j < 4 ? m - j : 4, w,
+                             (const float(*)[MAX_DIM])vals, dim, acc + (size_t)j * dim);
     }
     for (int j = 0; j < m; j++) {
         PD_T *op = out + ((size_t)(j / rep) * heads + (size_t)h * rep + j % rep) * dim;
