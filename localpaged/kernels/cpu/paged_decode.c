@@ -168,11 +168,11 @@ static inline float as_f32(float v) { return v; }
 
 #define PD_QROWS 8  /* query rows scored together against a tile of keys */
 
-/* s[i][key] = sum over d of q[i * dim + d] * tile[d][key], for PD_KEYS keys and nq <= PD_QROWS
- * query rows q: independent sums (eight chains of FMAs), the tile's loads shared by the rows.
- * Missing rows repeat row 0 and are not stored. */
+/* s[i * s_stride + key] = sum over d of q[i * dim + d] * tile[d][key], for PD_KEYS keys and
+ * nq <= PD_QROWS query rows q: independent sums (eight chains of FMAs), the tile's loads
+ * shared by the rows. Missing rows repeat row 0 and are not stored. */
 static inline void pd_scores16(const float *q, int nq, const float (*tile)[PD_KEYS], int dim,
-                               float (*s)[PD_KEYS]) {
+                               float *s, size_t s_stride) {
     const float *rows[PD_QROWS];
     for (int i = 0; i < PD_QROWS; i++) rows[i] = q + (i < nq ? (size_t)i * dim : 0);
 #if defined(__AVX512F__)
@@ -184,7 +184,7 @@ static inline void pd_scores16(const float *q, int nq, const float (*tile)[PD_KE
         for (int i = 0; i < PD_QROWS; i++)
             acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(rows[i][d]), t, acc[i]);
     }
-    for (int i = 0; i < nq; i++) _mm512_storeu_ps(s[i], acc[i]);
+    for (int i = 0; i < nq; i++) _mm512_storeu_ps(s + i * s_stride, acc[i]);
 #elif defined(__AVX2__)
     for (int i0 = 0; i0 < nq; i0 += 4) { /* four rows a pass: eight chains of 8 keys */
         const float *r0 = rows[i0], *r1 = rows[i0 + 1], *r2 = rows[i0 + 2], *r3 = rows[i0 + 3];
@@ -207,23 +207,25 @@ static inline void pd_scores16(const float *q, int nq, const float (*tile)[PD_KE
         }
         const __m256 out[4][2] = {{a0l, a0h}, {a1l, a1h}, {a2l, a2h}, {a3l, a3h}};
         for (int i = 0; i < 4 && i0 + i < nq; i++) {
-            _mm256_storeu_ps(s[i0 + i], out[i][0]);
-            _mm256_storeu_ps(s[i0 + i] + 8, out[i][1]);
+            _mm256_storeu_ps(s + (i0 + i) * s_stride, out[i][0]);
+            _mm256_storeu_ps(s + (i0 + i) * s_stride + 8, out[i][1]);
         }
     }
 #else
     for (int i = 0; i < nq; i++) {
-        for (int kk = 0; kk < PD_KEYS; kk++) s[i][kk] = 0.f;
+        float *si = s + i * s_stride;
+        for (int kk = 0; kk < PD_KEYS; kk++) si[kk] = 0.f;
         for (int d = 0; d < dim; d++)
-            for (int kk = 0; kk < PD_KEYS; kk++) s[i][kk] += rows[i][d] * tile[d][kk];
+            for (int kk = 0; kk < PD_KEYS; kk++) si[kk] += rows[i][d] * tile[d][kk];
     }
 #endif
 }
 
 /* a[i * dim + d] += sum over k < n of p[i * p_stride + k] * vals[k][d], for nq <= 4 query
- * rows: the values' loads shared by the rows (missing rows repeat row 0, not stored). */
+ * rows: the values' loads shared by the rows (missing rows repeat row 0, not stored). vals[k]
+ * points at value row k: in the cache (float32) or in a converted copy (bf16). */
 static inline void pd_weighted_sum4(const float *p, size_t p_stride, int nq, int n,
-                                    const float (*vals)[MAX_DIM], int dim, float *a) {
+                                    const float *const *vals, int dim, float *a) {
     const float *pr[4];
     float *ar[4];
     for (int i = 0; i < 4; i++) {
@@ -292,6 +294,7 @@ static int pd_continues(const int32_t *tables, int stride, const int32_t *seq_le
 #define PD_DOT dot_scaled_bf16
 #define PD_NAME paged_decode_bf16
 #define PD_ROWS paged_rows_bf16
+#define PD_IN_PLACE 0 /* values converted to float32 before they are summed */
 #include "paged_decode_body.h"
 
 #define PD_T float
@@ -300,4 +303,5 @@ static int pd_continues(const int32_t *tables, int stride, const int32_t *seq_le
 #define PD_DOT dot_scaled_f32
 #define PD_NAME paged_decode_f32
 #define PD_ROWS paged_rows_f32
+#define PD_IN_PLACE 1 /* values summed where they lie in the cache */
 #include "paged_decode_body.h"

@@ -4,7 +4,8 @@
 /* Rows b .. b + n - 1 (n >= 2) that are consecutive tokens of one request (the same blocks,
  * row i's context seq_lens[b] + i), for KV head h: each key and value is read once for all
  * their query heads, and the scores of 16 keys at a time are sums over the head dimension
- * vectorized across the keys. Scratch: qf and acc [n * rep][dim], scores [n * rep][stride]. */
+ * vectorized across the keys. Scratch: qf and acc [n * rep][dim], scores [n * rep][stride]
+ * (stride >= the last row's context + PD_KEYS). */
 static void PD_ROWS(const PD_T *q, const PD_T *k_cache, const PD_T *v_cache,
                     const int32_t *table, int first_len, int n, int h, int heads, int kv_heads,
                     int dim, int block_size, float scale, float *qf, float *acc,
@@ -32,11 +33,10 @@ static void PD_ROWS(const PD_T *q, const PD_T *k_cache, const PD_T *v_cache,
         for (int j = 0; j < m; j += PD_QROWS) {
             const int nq = m - j < PD_QROWS ? m - j : PD_QROWS;
             if (t0 >= first_len + (j + nq - 1) / rep) continue; /* past these rows' contexts */
-            float s[PD_QROWS][PD_KEYS];
-            pd_scores16(qf + (size_t)j * dim, nq, (const float(*)[PD_KEYS])tile, dim, s);
-            for (int i = 0; i < nq; i++)
-                if (t0 < first_len + (j + i) / rep)
-                    memcpy(scores + (size_t)(j + i) * stride + t0, s[i], sizeof(float) * w);
+            /* all PD_KEYS scores stored: past a row's context they are zeroed below (the
+             * rows have PD_KEYS spare entries) */
+            pd_scores16(qf + (size_t)j * dim, nq, (const float(*)[PD_KEYS])tile, dim,
+                        scores + (size_t)j * stride + t0, stride);
         }
     }
     float total[PD_GROUP * MAX_REP];
@@ -47,19 +47,27 @@ static void PD_ROWS(const PD_T *q, const PD_T *k_cache, const PD_T *v_cache,
         for (int t = len; t < last; t++) scores[(size_t)j * stride + t] = 0.f;
     }
     memset(acc, 0, sizeof(float) * (size_t)m * dim);
+#if !PD_IN_PLACE
     float vals[PD_KEYS][MAX_DIM];
+#endif
+    const float *vrows[PD_KEYS];
     for (int t0 = 0; t0 < last; t0 += PD_KEYS) {
         const int w = last - t0 < PD_KEYS ? last - t0 : PD_KEYS;
         for (int kk = 0; kk < w; kk++) {
             const int t = t0 + kk;
             const PD_T *vp = v_cache + (size_t)table[t / block_size] * block_size * row
                              + (size_t)(t % block_size) * row + (size_t)h * dim;
+#if PD_IN_PLACE
+            vrows[kk] = (const float *)vp;
+#else
 #pragma omp simd
             for (int d = 0; d < dim; d++) vals[kk][d] = PD_LOAD(vp[d]);
+            vrows[kk] = vals[kk];
+#endif
         }
         for (int j = 0; j < m; j += 4)
             pd_weighted_sum4(scores + (size_t)j * stride + t0, stride, m - j < 4 ? m - j : 4, w,
-                             (const float(*)[MAX_DIM])vals, dim, acc + (size_t)j * dim);
+                             vrows, dim, acc + (size_t)j * dim);
     }
     for (int j = 0; j < m; j++) {
         PD_T *op = out + ((size_t)(j / rep) * heads + (size_t)h * rep + j % rep) * dim;
@@ -93,7 +101,8 @@ int PD_NAME(const PD_T *q, const PD_T *k_cache, const PD_T *v_cache,
     int failed = 0;
 #pragma omp parallel num_threads(threads)
     {
-        float *scores = malloc(sizeof(float) * (size_t)rep * widest * max_len);
+        const int stride = max_len + PD_KEYS; /* the grouped rows' scores: see PD_ROWS */
+        float *scores = malloc(sizeof(float) * (size_t)rep * widest * stride);
         float *qf_rows = widest > 1 ? malloc(sizeof(float) * 2 * (size_t)widest * rep * dim) : NULL;
         if (scores == NULL || (widest > 1 && qf_rows == NULL)) {
 #pragma omp atomic write
@@ -108,13 +117,13 @@ int PD_NAME(const PD_T *q, const PD_T *k_cache, const PD_T *v_cache,
                 if (rows > 1) {
                     PD_ROWS(q + (size_t)b * heads * dim, k_cache, v_cache, table, seq_lens[b],
                             rows, h, heads, kv_heads, dim, block_size, scale, qf_rows,
-                            qf_rows + (size_t)widest * rep * dim, scores, max_len,
+                            qf_rows + (size_t)widest * rep * dim, scores, stride,
                             out + (size_t)b * heads * dim);
                     continue;
                 }
                 const int len = seq_lens[b];
                 const size_t row = (size_t)kv_heads * dim; /* one token's keys, all heads */
-                float qf[MAX_REP][MAX_DIM], acc[MAX_REP][MAX_DIM];
+                float qf[MAX_REP][MAX_DIM], acc[MAX_REP * MAX_DIM]; /* acc [rep][dim] */
                 for (int r = 0; r < rep; r++) {
                     const PD_T *qp = q + ((size_t)b * heads + (size_t)h * rep + r) * dim;
                     for (int d = 0; d < dim; d++) qf[r][d] = PD_LOAD(qp[d]) * scale;
@@ -132,30 +141,37 @@ int PD_NAME(const PD_T *q, const PD_T *k_cache, const PD_T *v_cache,
                                            scale);
                 }
                 float total[MAX_REP];
-                for (int r = 0; r < rep; r++) {
-                    total[r] = pd_softmax(scores + (size_t)r * len, len);
-                    memset(acc[r], 0, sizeof(float) * dim);
-                }
-                for (int t0 = 0; t0 < len; t0 += block_size) {
+                for (int r = 0; r < rep; r++) total[r] = pd_softmax(scores + (size_t)r * len, len);
+                memset(acc, 0, sizeof(float) * rep * dim);
+#if !PD_IN_PLACE
+                float vals[PD_KEYS][MAX_DIM];
+#endif
+                const float *vrows[PD_KEYS];
+                /* values a run of up to PD_KEYS keys at a time, within one block */
+                for (int t0 = 0, w = 0; t0 < len; t0 += w) {
+                    const int in_block = block_size - t0 % block_size;
+                    w = len - t0 < PD_KEYS ? len - t0 : PD_KEYS;
+                    w = w < in_block ? w : in_block;
                     const PD_T *vb = v_cache + (size_t)table[t0 / block_size] * block_size * row
-                                         + (size_t)h * dim;
-                    const int n = len - t0 < block_size ? len - t0 : block_size;
-                    for (int i = 0; i < n; i++) {
-                        const PD_T *vp = vb + (size_t)i * row;
-                        float vf[MAX_DIM];
+                                         + (size_t)(t0 % block_size) * row + (size_t)h * dim;
+                    for (int i = 0; i < w; i++) {
+#if PD_IN_PLACE
+                        vrows[i] = (const float *)(vb + (size_t)i * row);
+#else
 #pragma omp simd
-                        for (int d = 0; d < dim; d++) vf[d] = PD_LOAD(vp[d]);
-                        for (int r = 0; r < rep; r++) {
-                            const float p = scores[(size_t)r * len + t0 + i];
-#pragma omp simd
-                            for (int d = 0; d < dim; d++) acc[r][d] += p * vf[d];
-                        }
+                        for (int d = 0; d < dim; d++) vals[i][d] = PD_LOAD(vb[(size_t)i * row + d]);
+                        vrows[i] = vals[i];
+#endif
                     }
+                    for (int r = 0; r < rep; r += 4)
+                        pd_weighted_sum4(scores + (size_t)r * len + t0, len,
+                                         rep - r < 4 ? rep - r : 4, w, vrows, dim,
+                                         acc + (size_t)r * dim);
                 }
                 for (int r = 0; r < rep; r++) {
                     PD_T *op = out + ((size_t)b * heads + (size_t)h * rep + r) * dim;
                     const float inv = 1.f / total[r];
-                    for (int d = 0; d < dim; d++) op[d] = PD_STORE(acc[r][d] * inv);
+                    for (int d = 0; d < dim; d++) op[d] = PD_STORE(acc[(size_t)r * dim + d] * inv);
                 }
             }
         free(scores);
@@ -171,3 +187,4 @@ int PD_NAME(const PD_T *q, const PD_T *k_cache, const PD_T *v_cache,
 #undef PD_DOT
 #undef PD_NAME
 #undef PD_ROWS
+#undef PD_IN_PLACE
