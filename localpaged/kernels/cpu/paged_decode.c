@@ -166,6 +166,49 @@ static inline float as_f32(float v) { return v; }
 #define PD_GROUP 16 /* consecutive tokens of one request attended in one task (a prompt chunk) */
 #define PD_KEYS 16  /* keys scored together by the grouped rows */
 
+#if defined(__AVX512F__) || defined(__AVX2__)
+#define PD_DOT8 1
+/* q . k for 8 float32 keys k + i * k_stride (i < 8), dim % 8 == 0: eight independent sums
+ * (one dot product alone is a chain of dependent adds and a horizontal sum), reduced
+ * together by a tree of horizontal adds. */
+static inline __m256 pd_dot8(const float *q, const float *k, size_t k_stride, int dim) {
+    __m256 a[8];
+#if defined(__AVX512F__)
+    int d = 0;
+    if (dim % 16 == 0) {
+        __m512 w[8];
+        for (int i = 0; i < 8; i++) w[i] = _mm512_setzero_ps();
+        for (; d < dim; d += 16) {
+            const __m512 qv = _mm512_loadu_ps(q + d);
+#pragma GCC unroll 8
+            for (int i = 0; i < 8; i++)
+                w[i] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k + i * k_stride + d), w[i]);
+        }
+        for (int i = 0; i < 8; i++)
+            a[i] = _mm256_add_ps(_mm512_castps512_ps256(w[i]),
+                                 _mm512_extractf32x8_ps(w[i], 1));
+    } else {
+        for (int i = 0; i < 8; i++) a[i] = _mm256_setzero_ps();
+    }
+#else
+    const int d = 0;
+    for (int i = 0; i < 8; i++) a[i] = _mm256_setzero_ps();
+#endif
+    for (int e = d; e < dim; e += 8) {
+        const __m256 qv = _mm256_loadu_ps(q + e);
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++)
+            a[i] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + i * k_stride + e), a[i]);
+    }
+    /* [a0 a1 a2 a3 | a4 a5 a6 a7] halves summed, then the two 128-bit lanes */
+    const __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
+    const __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
+    const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20),
+                         _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+#endif
+
 #define PD_QROWS 8  /* query rows scored together against a tile of keys */
 
 /* s[i * s_stride + key] = sum over d of q[i * dim + d] * tile[d][key], for PD_KEYS keys and

@@ -134,7 +134,16 @@ int PD_NAME(const PD_T *q, const PD_T *k_cache, const PD_T *v_cache,
                     const PD_T *kb = k_cache + (size_t)table[t0 / block_size] * block_size * row
                                          + (size_t)h * dim;
                     const int n = len - t0 < block_size ? len - t0 : block_size;
-                    for (int i = 0; i < n; i++)
+                    int i = 0;
+#if PD_IN_PLACE && defined(PD_DOT8)
+                    if (dim % 8 == 0) /* eight keys at a time */
+                        for (; i + 8 <= n; i += 8)
+                            for (int r = 0; r < rep; r++)
+                                _mm256_storeu_ps(scores + (size_t)r * len + t0 + i,
+                                                 pd_dot8(qf[r], (const float *)kb + i * row,
+                                                         row, dim));
+#endif
+                    for (; i < n; i++)
                         for (int r = 0; r < rep; r++)
                             scores[(size_t)r * len + t0 + i] =
                                 PD_DOT(qf[r], q0 + (size_t)r * dim, kb + (size_t)i * row, dim,
