@@ -168,6 +168,16 @@ static inline float as_f32(float v) { return v; }
 
 #if defined(__AVX512F__) || defined(__AVX2__)
 #define PD_DOT8 1
+/* The sums of eight vectors' lanes, as one vector: a tree of horizontal adds
+ * ([a0 a1 a2 a3 | a4 a5 a6 a7] halves summed, then the two 128-bit lanes). */
+static inline __m256 pd_sum8(const __m256 *a) {
+    const __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
+    const __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
+    const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20),
+                         _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
 /* q . k for 8 float32 keys k + i * k_stride (i < 8), dim % 8 == 0: eight independent sums
  * (one dot product alone is a chain of dependent adds and a horizontal sum), reduced
  * together by a tree of horizontal adds. */
@@ -200,12 +210,27 @@ static inline __m256 pd_dot8(const float *q, const float *k, size_t k_stride, in
         for (int i = 0; i < 8; i++)
             a[i] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + i * k_stride + e), a[i]);
     }
-    /* [a0 a1 a2 a3 | a4 a5 a6 a7] halves summed, then the two 128-bit lanes */
-    const __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
-    const __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
-    const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
-    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20),
-                         _mm256_permute2f128_ps(u0, u1, 0x31));
+    return pd_sum8(a);
+}
+#endif
+
+#ifdef PD_AVX512BF16
+/* pd_dot8 for bf16 query and keys (dim % 32 == 0), products by VDPBF16PS (exact, summed in
+ * float32). */
+static inline __m256 pd_dot8_bf16(const uint16_t *q, const uint16_t *k, size_t k_stride,
+                                  int dim) {
+    __m512 w[8];
+    for (int i = 0; i < 8; i++) w[i] = _mm512_setzero_ps();
+    for (int d = 0; d < dim; d += 32) {
+        const __m512bh qv = (__m512bh)_mm512_loadu_si512(q + d);
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++)
+            w[i] = _mm512_dpbf16_ps(w[i], qv, (__m512bh)_mm512_loadu_si512(k + i * k_stride + d));
+    }
+    __m256 a[8];
+    for (int i = 0; i < 8; i++)
+        a[i] = _mm256_add_ps(_mm512_castps512_ps256(w[i]), _mm512_extractf32x8_ps(w[i], 1));
+    return pd_sum8(a);
 }
 #endif
 

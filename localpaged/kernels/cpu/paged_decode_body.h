@@ -108,9 +108,16 @@ int PD_NAME(const PD_T *q, const PD_T *k_cache, const PD_T *v_cache,
 #pragma omp atomic write
             failed = 1;
         }
-#pragma omp for collapse(2) schedule(dynamic)
-        for (int task = 0; task < tasks; task++)
-            for (int h = 0; h < kv_heads; h++) {
+        /* Where there are tasks enough, a task's KV heads run on one thread: a token's heads
+         * lie side by side in the cache, so after the first head the others find their rows
+         * in this core's caches (brought in with their neighbours'); with few tasks, each head
+         * is a unit of its own, for the threads to share. */
+        const int whole = tasks >= 2 * threads, units = whole ? tasks : tasks * kv_heads;
+#pragma omp for schedule(dynamic)
+        for (int unit = 0; unit < units; unit++)
+            for (int h = whole ? 0 : unit % kv_heads; h < (whole ? kv_heads : unit % kv_heads + 1);
+                 h++) {
+                const int task = whole ? unit : unit / kv_heads;
                 if (scores == NULL || (widest > 1 && qf_rows == NULL)) continue;
                 const int b = starts[task], rows = starts[task + 1] - b;
                 const int32_t *table = tables + (size_t)b * table_stride;
@@ -142,6 +149,16 @@ int PD_NAME(const PD_T *q, const PD_T *k_cache, const PD_T *v_cache,
                                 _mm256_storeu_ps(scores + (size_t)r * len + t0 + i,
                                                  pd_dot8(qf[r], (const float *)kb + i * row,
                                                          row, dim));
+#endif
+#if !PD_IN_PLACE && defined(PD_AVX512BF16)
+                    if (dim % 32 == 0) /* eight keys at a time, bf16 products */
+                        for (; i + 8 <= n; i += 8)
+                            for (int r = 0; r < rep; r++)
+                                _mm256_storeu_ps(scores + (size_t)r * len + t0 + i,
+                                                 _mm256_mul_ps(pd_dot8_bf16(
+                                                     (const uint16_t *)q0 + (size_t)r * dim,
+                                                     (const uint16_t *)kb + i * row, row, dim),
+                                                     _mm256_set1_ps(scale)));
 #endif
                     for (; i < n; i++)
                         for (int r = 0; r < rep; r++)
