@@ -141,6 +141,15 @@ int PD_NAME(const PD_T *q, const PD_T *k_cache, const PD_T *v_cache,
                     const PD_T *kb = k_cache + (size_t)table[t0 / block_size] * block_size * row
                                          + (size_t)h * dim;
                     const int n = len - t0 < block_size ? len - t0 : block_size;
+                    /* this block's values (read after the softmax) and the next block's keys,
+                     * asked for now so that they arrive while these keys are scored */
+                    pd_prefetch_rows(v_cache + (size_t)table[t0 / block_size] * block_size * row
+                                         + (size_t)h * dim,
+                                     row * sizeof(PD_T), n, dim * sizeof(PD_T));
+                    if (t0 + block_size < len)
+                        pd_prefetch_rows(k_cache + (size_t)table[t0 / block_size + 1] * block_size
+                                             * row + (size_t)h * dim,
+                                         row * sizeof(PD_T), block_size, dim * sizeof(PD_T));
                     int i = 0;
 #if PD_IN_PLACE && defined(PD_DOT8)
                     if (dim % 8 == 0) /* eight keys at a time */
