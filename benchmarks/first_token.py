@@ -5,9 +5,10 @@ memory targets: load <= 2x llama.cpp's, peak RSS <= 1.15x llama.cpp's).
 Each engine runs in a fresh process, one after the other (never at once), `--repeats` times,
 the file read once before so both find it in the page cache (this times the load, not the
 disk). A process imports its engine, loads the model, reads a 16-token prompt and returns one
-token (greedy); the parent times it from spawn to exit. Peak RSS is the child's maximum
-resident set (`ru_maxrss`), which counts the pages of a memory-mapped file it has touched, as
-llama.cpp's weights are. llama.cpp gets `n_ctx=2048`; localpaged its default KV pool (pages
+token (greedy); the parent times it from spawn to the line the process prints with its first
+token (what follows, the interpreter's exit, is not the user's wait). Peak RSS is the child's
+maximum resident set (`ru_maxrss`), which counts the pages of a memory-mapped file it has
+touched, as llama.cpp's weights are. llama.cpp gets `n_ctx=2048`; localpaged its default KV pool (pages
 taken as written). The machine's CPU flags are printed first.
 
     python benchmarks/first_token.py MODEL.gguf [MODEL.gguf | AWQ_OR_GPTQ_FOLDER ...] [--repeats 3]
@@ -23,6 +24,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -41,7 +43,8 @@ out = llm.generate([json.loads(sys.argv[2])], SamplingParams(temperature=0, max_
                                                              ignore_eos=True))
 t3 = time.perf_counter()
 print(sys.argv[3] + json.dumps({"import_s": t1 - t0, "load_s": t2 - t1, "token_s": t3 - t2,
-                                "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+                                "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}),
+      flush=True)
 """
 
 LLAMA_CPP = r"""
@@ -56,19 +59,28 @@ llm.eval(json.loads(sys.argv[2]))
 llm.sample(temp=0.0, top_k=1)
 t3 = time.perf_counter()
 print(sys.argv[3] + json.dumps({"import_s": t1 - t0, "load_s": t2 - t1, "token_s": t3 - t2,
-                                "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+                                "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}),
+      flush=True)
 """
 
 
 def run(python: str, code: str, model: str) -> dict[str, float]:
-    """One fresh process: its own timings, its peak RSS and the wall time from spawn to exit."""
+    """One fresh process: its own timings, its peak RSS and the wall time from spawn to its
+    first token (the line it prints then; its exit is not counted)."""
     t = time.perf_counter()
-    done = subprocess.run([python, "-c", code, model, json.dumps(PROMPT), MARK],
-                          capture_output=True, text=True, env=os.environ)
-    wall = time.perf_counter() - t
-    line = next((ln for ln in done.stdout.splitlines() if ln.startswith(MARK)), None)
-    if done.returncode != 0 or line is None:
-        raise RuntimeError(f"{python} failed on {model}:\n{done.stderr[-2000:]}")
+    with tempfile.TemporaryFile(mode="w+") as err:
+        proc = subprocess.Popen([python, "-c", code, model, json.dumps(PROMPT), MARK],
+                                stdout=subprocess.PIPE, stderr=err, text=True, env=os.environ)
+        assert proc.stdout is not None
+        line, wall = None, 0.0
+        for ln in proc.stdout:
+            if ln.startswith(MARK):
+                wall, line = time.perf_counter() - t, ln
+                break
+        proc.communicate()
+        err.seek(0)
+        if proc.returncode != 0 or line is None:
+            raise RuntimeError(f"{python} failed on {model}:\n{err.read()[-2000:]}")
     return {**json.loads(line.removeprefix(MARK)), "wall_s": wall}
 
 
