@@ -108,3 +108,14 @@ def test_top_k_one_is_greedy_and_stop_token_ids_end_the_answer(tiny_llama: Path)
     assert stopped.token_ids == ids[:ids.index(ids[3]) + 1]
     assert stopped.finish_reason == "stop"
     assert greedy[0].outputs[0].finish_reason == "length"
+
+
+def test_greedy_batch_picks_each_rows_first_maximum_as_argmax_does() -> None:
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(5, 1000, generator=g)
+    logits[1, 7] = logits[1, 700] = 50.0  # a tie: the first index wins
+    logits[3, 999] = 60.0
+    rows = [SamplingRow(SamplingParams(temperature=0), [0], [], None) for _ in range(5)]
+    tokens, logprobs = sample(logits, rows)
+    assert tokens == logits.argmax(dim=-1).tolist()
+    assert tokens[1] == 7 and tokens[3] == 999 and logprobs is None
