@@ -48,45 +48,29 @@ static inline float exp_nonpositive(float x) {
     return p * scale;
 }
 
+/* exp_nonpositive on a vector of W bits (512 or 256): exp_nonpositive16 or exp_nonpositive8. */
+#define PD_EXP_VECTOR(W, LANES)                                                              \
+    static inline __m##W exp_nonpositive##LANES(__m##W x) {                                  \
+        const __m##W t = _mm##W##_max_ps(_mm##W##_mul_ps(x, _mm##W##_set1_ps(1.44269504f)),  \
+                                          _mm##W##_set1_ps(-126.f));                          \
+        const __m##W big = _mm##W##_set1_ps(12582912.f);                                     \
+        const __m##W n = _mm##W##_sub_ps(_mm##W##_add_ps(t, big), big);                      \
+        const __m##W f = _mm##W##_sub_ps(t, n);                                              \
+        static const float c[6] = {1.339887440e-3f, 9.618437357e-3f, 5.550332471e-2f,        \
+                                   2.402264791e-1f, 6.931472028e-1f, 1.0f};                  \
+        __m##W p = _mm##W##_set1_ps(1.535336188e-4f);                                        \
+        for (int i = 0; i < 6; i++)                                                          \
+            p = _mm##W##_add_ps(_mm##W##_mul_ps(p, f), _mm##W##_set1_ps(c[i]));              \
+        const __m##W##i bits = _mm##W##_slli_epi32(                                          \
+            _mm##W##_add_epi32(_mm##W##_cvtps_epi32(n), _mm##W##_set1_epi32(127)), 23);      \
+        return _mm##W##_mul_ps(p, _mm##W##_castsi##W##_ps(bits));                            \
+    }
 #if defined(__AVX512F__)
-static inline __m512 exp_nonpositive16(__m512 x) {
-#define PD_MA(p, f, c) _mm512_add_ps(_mm512_mul_ps(p, f), _mm512_set1_ps(c))
-    const __m512 t = _mm512_max_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
-                                   _mm512_set1_ps(-126.f));
-    const __m512 big = _mm512_set1_ps(12582912.f);
-    const __m512 n = _mm512_sub_ps(_mm512_add_ps(t, big), big), f = _mm512_sub_ps(t, n);
-    __m512 p = _mm512_set1_ps(1.535336188e-4f);
-    p = PD_MA(p, f, 1.339887440e-3f);
-    p = PD_MA(p, f, 9.618437357e-3f);
-    p = PD_MA(p, f, 5.550332471e-2f);
-    p = PD_MA(p, f, 2.402264791e-1f);
-    p = PD_MA(p, f, 6.931472028e-1f);
-    p = PD_MA(p, f, 1.0f);
-#undef PD_MA
-    const __m512i bits = _mm512_slli_epi32(
-        _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-    return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
-}
+PD_EXP_VECTOR(512, 16)
 #elif defined(__AVX2__)
-static inline __m256 exp_nonpositive8(__m256 x) {
-#define PD_MA(p, f, c) _mm256_add_ps(_mm256_mul_ps(p, f), _mm256_set1_ps(c))
-    const __m256 t = _mm256_max_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
-                                   _mm256_set1_ps(-126.f));
-    const __m256 big = _mm256_set1_ps(12582912.f);
-    const __m256 n = _mm256_sub_ps(_mm256_add_ps(t, big), big), f = _mm256_sub_ps(t, n);
-    __m256 p = _mm256_set1_ps(1.535336188e-4f);
-    p = PD_MA(p, f, 1.339887440e-3f);
-    p = PD_MA(p, f, 9.618437357e-3f);
-    p = PD_MA(p, f, 5.550332471e-2f);
-    p = PD_MA(p, f, 2.402264791e-1f);
-    p = PD_MA(p, f, 6.931472028e-1f);
-    p = PD_MA(p, f, 1.0f);
-#undef PD_MA
-    const __m256i bits = _mm256_slli_epi32(
-        _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
-}
+PD_EXP_VECTOR(256, 8)
 #endif
+#undef PD_EXP_VECTOR
 
 /* s[t] = e^(s[t] - shift) for t < len (every s[t] - shift <= 0); returns their sum. */
 static inline float exp_shifted(float *s, int len, float shift) {
@@ -192,37 +176,40 @@ static inline __m256 pd_sum8(const __m256 *a) {
                          _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
+#if defined(__AVX512F__)
+/* pd_sum8 of eight 512-bit vectors (each one's halves added first). */
+static inline __m256 pd_sum8_512(const __m512 *w) {
+    __m256 a[8];
+    for (int i = 0; i < 8; i++)
+        a[i] = _mm256_add_ps(_mm512_castps512_ps256(w[i]), _mm512_extractf32x8_ps(w[i], 1));
+    return pd_sum8(a);
+}
+#endif
+
 /* q . k for 8 float32 keys k + i * k_stride (i < 8), dim % 8 == 0: eight independent sums
  * (one dot product alone is a chain of dependent adds and a horizontal sum), reduced
  * together by a tree of horizontal adds. */
 static inline __m256 pd_dot8(const float *q, const float *k, size_t k_stride, int dim) {
-    __m256 a[8];
 #if defined(__AVX512F__)
-    int d = 0;
     if (dim % 16 == 0) {
         __m512 w[8];
         for (int i = 0; i < 8; i++) w[i] = _mm512_setzero_ps();
-        for (; d < dim; d += 16) {
+        for (int d = 0; d < dim; d += 16) {
             const __m512 qv = _mm512_loadu_ps(q + d);
 #pragma GCC unroll 8
             for (int i = 0; i < 8; i++)
                 w[i] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k + i * k_stride + d), w[i]);
         }
-        for (int i = 0; i < 8; i++)
-            a[i] = _mm256_add_ps(_mm512_castps512_ps256(w[i]),
-                                 _mm512_extractf32x8_ps(w[i], 1));
-    } else {
-        for (int i = 0; i < 8; i++) a[i] = _mm256_setzero_ps();
+        return pd_sum8_512(w);
     }
-#else
-    const int d = 0;
-    for (int i = 0; i < 8; i++) a[i] = _mm256_setzero_ps();
 #endif
-    for (int e = d; e < dim; e += 8) {
-        const __m256 qv = _mm256_loadu_ps(q + e);
+    __m256 a[8];
+    for (int i = 0; i < 8; i++) a[i] = _mm256_setzero_ps();
+    for (int d = 0; d < dim; d += 8) {
+        const __m256 qv = _mm256_loadu_ps(q + d);
 #pragma GCC unroll 8
         for (int i = 0; i < 8; i++)
-            a[i] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + i * k_stride + e), a[i]);
+            a[i] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + i * k_stride + d), a[i]);
     }
     return pd_sum8(a);
 }
@@ -241,10 +228,7 @@ static inline __m256 pd_dot8_bf16(const uint16_t *q, const uint16_t *k, size_t k
         for (int i = 0; i < 8; i++)
             w[i] = _mm512_dpbf16_ps(w[i], qv, (__m512bh)_mm512_loadu_si512(k + i * k_stride + d));
     }
-    __m256 a[8];
-    for (int i = 0; i < 8; i++)
-        a[i] = _mm256_add_ps(_mm512_castps512_ps256(w[i]), _mm512_extractf32x8_ps(w[i], 1));
-    return pd_sum8(a);
+    return pd_sum8_512(w);
 }
 #endif
 
@@ -369,6 +353,19 @@ static int pd_continues(const int32_t *tables, int stride, const int32_t *seq_le
                   sizeof(int32_t) * blocks) == 0;
 }
 
+/* Value row `vp` as float32 for the weighted sums: converted into `buf` (bf16), or where it
+ * lies in the cache (float32: a copy per key cost 9% of a 32-request decode step). */
+static inline const float *pd_value_row_bf16(const uint16_t *vp, int dim, float *buf) {
+#pragma omp simd
+    for (int d = 0; d < dim; d++) buf[d] = bf16_to_f32(vp[d]);
+    return buf;
+}
+
+static inline const float *pd_value_row_f32(const float *vp, int dim, float *buf) {
+    (void)dim, (void)buf;
+    return vp;
+}
+
 /* The kernel once per element type of q, the cache and out: bf16, then float32. */
 #define PD_T uint16_t
 #define PD_LOAD bf16_to_f32
@@ -376,7 +373,8 @@ static int pd_continues(const int32_t *tables, int stride, const int32_t *seq_le
 #define PD_DOT dot_scaled_bf16
 #define PD_NAME paged_decode_bf16
 #define PD_ROWS paged_rows_bf16
-#define PD_IN_PLACE 0 /* values converted to float32 before they are summed */
+#define PD_F32 0
+#define PD_VALUE_ROW pd_value_row_bf16
 #include "paged_decode_body.h"
 
 #define PD_T float
@@ -385,5 +383,6 @@ static int pd_continues(const int32_t *tables, int stride, const int32_t *seq_le
 #define PD_DOT dot_scaled_f32
 #define PD_NAME paged_decode_f32
 #define PD_ROWS paged_rows_f32
-#define PD_IN_PLACE 1 /* values summed where they lie in the cache */
+#define PD_F32 1
+#define PD_VALUE_ROW pd_value_row_f32
 #include "paged_decode_body.h"

@@ -1,5 +1,6 @@
 /* The body of paged_decode.c's kernel for one element type: included once per type with
- * PD_T, PD_LOAD, PD_STORE, PD_DOT and PD_NAME defined (and undefined again at the end). */
+ * PD_T, PD_LOAD, PD_STORE, PD_DOT, PD_NAME, PD_ROWS, PD_F32 (1: the float32 build) and
+ * PD_VALUE_ROW defined (and undefined again at the end). */
 /* Returns 0, -1 when scratch memory cannot be had, -2 for shapes past the limits above. */
 /* Rows b .. b + n - 1 (n >= 2) that are consecutive tokens of one request (the same blocks,
  * row i's context seq_lens[b] + i), for KV head h: each key and value is read once for all
@@ -47,9 +48,7 @@ static void PD_ROWS(const PD_T *q, const PD_T *k_cache, const PD_T *v_cache,
         for (int t = len; t < last; t++) scores[(size_t)j * stride + t] = 0.f;
     }
     memset(acc, 0, sizeof(float) * (size_t)m * dim);
-#if !PD_IN_PLACE
-    float vals[PD_KEYS][MAX_DIM];
-#endif
+    float vals[PD_KEYS][MAX_DIM]; /* bf16 values converted (float32 ones are read in place) */
     const float *vrows[PD_KEYS];
     for (int t0 = 0; t0 < last; t0 += PD_KEYS) {
         const int w = last - t0 < PD_KEYS ? last - t0 : PD_KEYS;
@@ -57,13 +56,7 @@ static void PD_ROWS(const PD_T *q, const PD_T *k_cache, const PD_T *v_cache,
             const int t = t0 + kk;
             const PD_T *vp = v_cache + (size_t)table[t / block_size] * block_size * row
                              + (size_t)(t % block_size) * row + (size_t)h * dim;
-#if PD_IN_PLACE
-            vrows[kk] = (const float *)vp;
-#else
-#pragma omp simd
-            for (int d = 0; d < dim; d++) vals[kk][d] = PD_LOAD(vp[d]);
-            vrows[kk] = vals[kk];
-#endif
+            vrows[kk] = PD_VALUE_ROW(vp, dim, vals[kk]);
         }
         for (int j = 0; j < m; j += 4)
             pd_weighted_sum4(scores + (size_t)j * stride + t0, stride, m - j < 4 ? m - j : 4, w,
@@ -151,7 +144,7 @@ int PD_NAME(const PD_T *q, const PD_T *k_cache, const PD_T *v_cache,
                                              * row + (size_t)h * dim,
                                          row * sizeof(PD_T), block_size, dim * sizeof(PD_T));
                     int i = 0;
-#if PD_IN_PLACE && defined(PD_DOT8)
+#if PD_F32 && defined(PD_DOT8)
                     if (dim % 8 == 0) /* eight keys at a time */
                         for (; i + 8 <= n; i += 8)
                             for (int r = 0; r < rep; r++)
@@ -159,7 +152,7 @@ int PD_NAME(const PD_T *q, const PD_T *k_cache, const PD_T *v_cache,
                                                  pd_dot8(qf[r], (const float *)kb + i * row,
                                                          row, dim));
 #endif
-#if !PD_IN_PLACE && defined(PD_AVX512BF16)
+#if !PD_F32 && defined(PD_AVX512BF16)
                     if (dim % 32 == 0) /* eight keys at a time, bf16 products */
                         for (; i + 8 <= n; i += 8)
                             for (int r = 0; r < rep; r++)
@@ -178,9 +171,7 @@ int PD_NAME(const PD_T *q, const PD_T *k_cache, const PD_T *v_cache,
                 float total[MAX_REP];
                 for (int r = 0; r < rep; r++) total[r] = pd_softmax(scores + (size_t)r * len, len);
                 memset(acc, 0, sizeof(float) * rep * dim);
-#if !PD_IN_PLACE
-                float vals[PD_KEYS][MAX_DIM];
-#endif
+                float vals[PD_KEYS][MAX_DIM]; /* as in PD_ROWS */
                 const float *vrows[PD_KEYS];
                 /* values a run of up to PD_KEYS keys at a time, within one block */
                 for (int t0 = 0, w = 0; t0 < len; t0 += w) {
@@ -189,15 +180,8 @@ int PD_NAME(const PD_T *q, const PD_T *k_cache, const PD_T *v_cache,
                     w = w < in_block ? w : in_block;
                     const PD_T *vb = v_cache + (size_t)table[t0 / block_size] * block_size * row
                                          + (size_t)(t0 % block_size) * row + (size_t)h * dim;
-                    for (int i = 0; i < w; i++) {
-#if PD_IN_PLACE
-                        vrows[i] = (const float *)(vb + (size_t)i * row);
-#else
-#pragma omp simd
-                        for (int d = 0; d < dim; d++) vals[i][d] = PD_LOAD(vb[(size_t)i * row + d]);
-                        vrows[i] = vals[i];
-#endif
-                    }
+                    for (int i = 0; i < w; i++)
+                        vrows[i] = PD_VALUE_ROW(vb + (size_t)i * row, dim, vals[i]);
                     for (int r = 0; r < rep; r += 4)
                         pd_weighted_sum4(scores + (size_t)r * len + t0, len,
                                          rep - r < 4 ? rep - r : 4, w, vrows, dim,
@@ -222,4 +206,5 @@ int PD_NAME(const PD_T *q, const PD_T *k_cache, const PD_T *v_cache,
 #undef PD_DOT
 #undef PD_NAME
 #undef PD_ROWS
-#undef PD_IN_PLACE
+#undef PD_F32
+#undef PD_VALUE_ROW
