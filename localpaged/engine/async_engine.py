@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 import uuid
 from collections import deque
 from collections.abc import Callable
@@ -21,6 +22,11 @@ from localpaged.engine.engine import LLMEngine, StepOutput
 from localpaged.engine.request import SamplingParams
 
 log = logging.getLogger(__name__)
+
+# Requests arriving at an idle engine: how long the inbox must stay unchanged before the first
+# step, and the longest wait (see AsyncEngine._settle).
+SETTLE_QUIET_S = 0.001
+SETTLE_MAX_S = 0.01
 
 
 class RequestStream:
@@ -143,6 +149,7 @@ class AsyncEngine:
                 self._stats = self.engine.stats()
                 self._wake.wait()
                 self._wake.clear()
+                self._settle()
                 continue
             try:
                 outputs = self.engine.step()
@@ -153,6 +160,20 @@ class AsyncEngine:
             for out in outputs:
                 self._deliver(out)
             self._stats = self.engine.stats()
+
+    def _settle(self) -> None:
+        """Wait, after an idle engine is woken, until the inbox stops growing (SETTLE_QUIET_S
+        without a new item, SETTLE_MAX_S at most). Requests sent together (a client's batch,
+        several tabs) arrive microseconds apart; without the wait the first step took the
+        first one alone and the others' prompts were read beside its decodes, in chunks the
+        step-time bound keeps small (8 prompts at once on a 1.7B model: 46 against 63 tok/s)."""
+        deadline = time.monotonic() + SETTLE_MAX_S
+        seen = len(self._inbox)
+        while time.monotonic() < deadline:
+            time.sleep(SETTLE_QUIET_S)
+            if len(self._inbox) == seen:
+                return
+            seen = len(self._inbox)
 
     def _drain_inbox(self) -> bool:
         while self._inbox:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,32 @@ async def test_concurrent_streams_equal_sequential_outputs(client: LocalClient, 
     for p, (ids, reason) in zip(prompts, results):
         assert reason == "length"
         assert ids == llm.generate({"prompt_token_ids": p}, GREEDY)[0].outputs[0].token_ids
+
+
+async def test_requests_sent_together_start_in_one_step(client: LocalClient,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Four requests sent at once to an idle engine (a client's batch) are all read in its
+    first step: the engine waits for its inbox to settle before it starts, so none runs alone
+    while the others' prompts wait for chunks beside its decodes."""
+    engine = client.engine
+    steps: list[list[int]] = []
+    execute = engine.runner.execute
+
+    def watched(out, kv):
+        steps.append([s.num_new_tokens for s in out.scheduled])
+        return execute(out, kv)
+
+    monkeypatch.setattr(engine.runner, "execute", watched)
+    prompts = [[7 + i, 8, 9, 10, 11, 12, 13, 14 + i] for i in range(4)]
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    streams = []
+    for p in prompts:  # a fraction of a millisecond apart, the engine thread free to start
+        streams.append(client.generate(p, params))
+        time.sleep(0.0002)
+    results = await asyncio.gather(*(collect(st) for st in streams))
+    assert [len(ids) for ids, _ in results] == [3] * 4
+    assert steps[0] == [8] * 4  # every prompt whole in the first step
+    assert all(s == [1] * 4 for s in steps[1:])  # then their decodes together
 
 
 async def test_leaving_a_stream_aborts_and_frees_blocks(client: LocalClient) -> None:
