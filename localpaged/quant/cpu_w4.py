@@ -91,13 +91,13 @@ def fits_quads(packed: torch.Tensor, sb: torch.Tensor) -> bool:
 def quads_wanted(dtype: torch.dtype = torch.float32, isa: str | None = None) -> bool:
     """Whether layers computing in `dtype` take the quads layout in the build for `isa`
     (default: this process's): the build has int8 activations and vector loops for that
-    layout (AVX2 and up; NEON has them for the pairs layout only); for bf16, only where every
-    bf16 product goes through int8 activations (AVX512-BF16 without AMX: the bf16 and AMX
-    tiles read the pairs layout)."""
+    layout (AVX2 and up; NEON has them for the pairs layout only); for bf16, the builds with
+    AVX512-BF16, whose bf16 products go through int8 activations (and on AMX, those of many
+    rows through AMX tiles unpacked from the same layout)."""
     lib = native.library(isa)
     if lib is None or not lib.i8_dot_isa() or not lib.w4q_vector():
         return False
-    return dtype == torch.float32 or (dtype == torch.bfloat16 and bool(lib.w4_bf16_via_int8()))
+    return dtype == torch.float32 or (dtype == torch.bfloat16 and bool(lib.w4_bf16_quads()))
 
 
 def to_quads(packed: torch.Tensor) -> torch.Tensor:
@@ -196,8 +196,8 @@ def matmul(x: torch.Tensor, packed: torch.Tensor, sb: torch.Tensor,
         if x.dtype == torch.float32:
             return matmul_int8_activations(x, packed, sb, isa)
         if x.dtype != torch.bfloat16 or not quads_wanted(torch.bfloat16, isa):
-            raise ValueError("the quads layout takes float32 activations (bf16 where every "
-                             "bf16 product goes through int8: AVX512-BF16 without AMX)")
+            raise ValueError("the quads layout takes float32 activations (bf16 on builds "
+                             "with AVX512-BF16)")
         pairs_view, group_size = _pairs_view(packed, sb)
         return _gemm("w4q", x, pairs_view, sb, (group_size,), isa)
     group_size = packed.shape[1] * 2 // sb.shape[1]

@@ -15,9 +15,9 @@ Without native bf16 the CPU computes in float32 with its activations rounded to 
 (as llama.cpp does); there a gap under 0.4 is a tie (measured on an AVX2 machine: three
 excused divergences, Q4_K_M chat at step 0 with a gap of 0.186, two others at 0.070 and 0.167;
 every other run equal over all 8 tokens; the largest log-prob error of this path swings from
-0.11 to 0.27 with last-bit changes before the rounding, see test_optimize); so does bf16 where
-every bf16 product goes through int8 activations (AVX512-BF16 without AMX: the same Q4_K_M
-chat divergence at step 0, gap 0.186, measured on a Zen 4). The exact float32
+0.11 to 0.27 with last-bit changes before the rounding, see test_optimize); so does bf16 on
+AVX512-BF16, whose decode rows and short prompts take int8 activations (the same Q4_K_M chat
+divergence at step 0, gap 0.186, measured on a Zen 4). The exact float32
 path (the plain build) keeps 1e-3.
 
 The only real file of the model is its Q4_1 GGUF: the presets are re-quantized from it (its
@@ -200,7 +200,7 @@ def test_preset_greedy_tokens_match_transformers(preset: str, dtype: str, smollm
         monkeypatch.setenv(cpu_isa.ENV, "generic")
     llm = LLM(str(path), dtype=dtype.removesuffix("-plain"), num_kv_blocks=16)
     bf16 = llm.engine.model.dtype == torch.bfloat16
-    # bf16 on AVX512-BF16 without AMX rounds its activations to int8 too (`quads_wanted`)
+    # bf16 on AVX512-BF16 rounds its activations to int8 too (`quads_wanted`)
     path_kind = ("int8" if cpu_w4.available() and cpu_w4.int8_activations()
                  and (not bf16 or cpu_w4.quads_wanted(torch.bfloat16))
                  else "bfloat16" if bf16 else "float32")

@@ -258,34 +258,41 @@ def test_matmul_from_a_background_thread(cpu_variant: str, dtype: torch.dtype) -
     assert max(errors["q8"]) <= INT8_ACTIVATIONS
 
 
-@pytest.mark.parametrize("rows", [1, 2, 5, 17])
+@pytest.mark.parametrize("rows", [1, 2, 5, 17, 40])
 @pytest.mark.parametrize(("k", "n", "group"), [(64, 32, 32), (1536, 576, 64), (96, 48, 12)])
-def test_bf16_takes_the_quads_layout_where_int8_serves_every_row(cpu_variant: str, rows: int,
-                                                                 k: int, n: int, group: int) -> None:
-    """Where every bf16 product goes through int8 activations (AVX512-BF16 without AMX),
-    bf16 layers keep the quads layout, as float32 ones do, and it gives the pairs layout's
-    bf16 product bit for bit (groups of a multiple of 8, which the pairs layout's int8 tile
-    takes); elsewhere the quads layout refuses bf16."""
+def test_bf16_takes_the_quads_layout_on_avx512_bf16(cpu_variant: str, rows: int, k: int, n: int,
+                                                    group: int) -> None:
+    """On the builds with AVX512-BF16 (with AMX or without) bf16 layers keep the quads layout,
+    as float32 ones do: its rows go through int8 activations, giving the pairs layout's int8
+    product bit for bit where that one is int8 too (groups of a multiple of 8; on AMX up to 2
+    rows), and on AMX the products of many rows go to AMX tiles unpacked from the quads layout
+    (the weight rounded to bf16, the activations as they are). Elsewhere the quads layout
+    refuses bf16."""
     from localpaged.quant.linear import QuantLinear
 
     lib = native.library()
-    via_int8 = bool(lib.w4_bf16_via_int8())
-    assert via_int8 == (cpu_variant == "avx512bf16" or (cpu_variant == "amx" and
-                                                        lib.w4_gemm_isa() != 2))
-    assert cpu_w4.quads_wanted(torch.bfloat16) == via_int8
+    keeps = bool(lib.w4_bf16_quads())
+    assert keeps == (cpu_variant in ("avx512bf16", "amx"))
+    assert cpu_w4.quads_wanted(torch.bfloat16) == keeps
     w = _weight(k, n, group, rows)
     packed, sb = cpu_w4.pack(w)
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows)).bfloat16()
     quads = cpu_w4.to_quads(packed)
-    if not via_int8:
+    if not keeps:
         with pytest.raises(ValueError, match="quads layout takes float32"):
             cpu_w4.matmul(x, quads, sb)
         return
     got = cpu_w4.matmul(x, quads, sb)
     assert got.dtype == torch.bfloat16
-    if group % 8 == 0:  # else the pairs layout's bf16 product takes the VDPBF16PS tile
-        assert torch.equal(got, cpu_w4.matmul(x, packed, sb))
-    exact = _int8_reference(x, packed, sb)
+    amx_from = lib.w4_bf16_quads_amx_rows()
+    assert bool(amx_from) == (lib.w4_gemm_isa() == 2)
+    on_amx = bool(amx_from) and rows >= amx_from and k % 32 == 0
+    if on_amx:  # bf16 weights, float32 sums
+        exact = x.double() @ cpu_w4.dequantize(packed, sb).bfloat16().double().t()
+    else:
+        exact = _int8_reference(x, packed, sb)
+        if group % 8 == 0 and (lib.w4_gemm_isa() != 2 or rows <= 2):
+            assert torch.equal(got, cpu_w4.matmul(x, packed, sb))
     assert (got.double() - exact).abs().max() <= 2**-7 * exact.abs().max()  # bf16 output
     layer = QuantLinear.from_int4(w, None, torch.bfloat16, "cpu")
     assert cpu_w4.is_quads(layer.w4_packed) and torch.equal(layer(x), got)

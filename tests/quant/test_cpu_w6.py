@@ -10,6 +10,7 @@ import pytest
 import torch
 from gguf.quants import dequantize as gguf_dequantize
 
+from localpaged.kernels import native
 from localpaged.model.gguf_reader import FastGGUFReader
 from localpaged.quant import cpu_w4, cpu_w6
 from localpaged.quant.ggml_int8 import GgmlInt8Weight, int8_blocks
@@ -105,6 +106,46 @@ def test_a_row_gives_the_same_bits_in_any_pass(cpu_variant: str, six: bool, zp: 
         together = cpu_w6.matmul(xs, packed, high, sb, zp)
         for r in range(13):
             assert torch.equal(together[r:r + 1], cpu_w6.matmul(xs[r:r + 1], packed, high, sb, zp))
+
+
+def _kq_layer(n: int, k: int, seed: int) -> W6Linear:
+    """A random Q4_K-like layer with super-block scales."""
+    g = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8)
+    d = (torch.rand(n, k // 256, generator=g) * 1e-3).half().float()
+    dmin = (torch.rand(n, k // 256, generator=g) * 1e-3).half().float()
+    sc, mins = (torch.randint(0, 64, (n, k // 32), generator=g) for _ in range(2))
+    packed, sb = cpu_w6.pack_kq(codes, d, dmin, sc, mins)
+    return W6Linear(packed, None, sb, cpu_w6.KQ)
+
+
+@needs_kernels
+@pytest.mark.parametrize("rows", [27, 28, 45])
+@pytest.mark.parametrize(("six", "zp"), [*KINDS, (False, cpu_w6.KQ)], ids=[*KIND_IDS, "super-block"])
+def test_many_bf16_rows_on_amx_take_the_weight_in_bf16(cpu_variant: str, rows: int, six: bool,
+                                                       zp: int) -> None:
+    """On AMX, bf16 products of many rows unpack the quads layout (every form of codes and
+    scales) to bf16 tiles: each row then equals the float64 product of the bf16-rounded weight
+    within bf16's rounding, and fewer rows take the int8 activations. Elsewhere every row count
+    takes int8 activations (the bf16 product is the float32 one, rounded)."""
+    lib = native.library()
+    amx_from = lib.w4_bf16_quads_amx_rows() if lib is not None else 0
+    n, k = 48, 512
+    if zp == cpu_w6.KQ:
+        layer = _kq_layer(n, k, rows)
+        packed, high, sb = layer.packed, None, layer.sb
+    else:
+        packed, high, sb = _packed(n, k, 32, rows, six, zp)
+    w = cpu_w6.dequantize(packed, high, sb, zp)
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows)).bfloat16()
+    got = cpu_w6.matmul(x, packed, high, sb, zp)
+    assert got.dtype == torch.bfloat16
+    if amx_from and rows >= amx_from:
+        exact = x.double() @ w.bfloat16().double().t()
+        assert (got.double() - exact).abs().max() <= 2**-7 * exact.abs().max()
+        assert not torch.equal(got, cpu_w6.matmul(x.float(), packed, high, sb, zp).bfloat16())
+    else:
+        assert torch.equal(got, cpu_w6.matmul(x.float(), packed, high, sb, zp).bfloat16())
 
 
 @needs_kernels

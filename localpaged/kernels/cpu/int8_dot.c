@@ -535,28 +535,34 @@ static inline __attribute__((always_inline)) void w4q_i8_tile_n(
 }
 
 #ifdef I8_AVX512
-/* Group g of a 16-column tile done: its scales s and offsets o (the forms of `zp`, see the
- * top) applied to each row's integer sums, out[m] += s * (dx * dot[m]) + o * xs (both 512-bit
- * 4-bit tiles). */
-static inline __attribute__((always_inline)) void w4_i8_group512(
-    const uint16_t *sbp, int zp, int g, const __m512i *dot, const float *dx, const float *xs,
-    int groups, int rows, __m512 *out) {
-    __m512 s, o;
+/* Group g's scales s and offsets o of a 16-column tile (every form of `zp`, see the top):
+ * the weight is code * s + o. Also the AMX unpacking's (quant_gemm.c). */
+static inline __attribute__((always_inline)) void w4_group_scales512(const uint16_t *sbp, int zp,
+                                                                    int g, __m512 *s, __m512 *o) {
     if (zp == I8_KQ) { /* d * sc and -(dmin * m) */
         const uint16_t *rec = sbp + (size_t)(g / 8) * I8_KQ_RECORD;
         const uint8_t *sc = (const uint8_t *)(rec + 2 * I8_TILE) + (g % 8) * I8_TILE;
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)rec));
         const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rec + I8_TILE)));
-        s = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)sc))));
-        o = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+        *s = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)sc))));
+        *o = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
             _mm_loadu_si128((const __m128i *)(sc + 8 * I8_TILE)))));
-        o = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(o), _mm512_set1_epi32(INT32_MIN)));
+        *o = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(*o), _mm512_set1_epi32(INT32_MIN)));
     } else {
         const uint16_t *sp = sbp + (size_t)g * sb_stride(zp);
-        s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)sp));
-        o = zp ? _mm512_mul_ps(_mm512_set1_ps(-(float)I8_SYM_ZP(zp)), s)
-               : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sp + I8_TILE)));
+        *s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)sp));
+        *o = zp ? _mm512_mul_ps(_mm512_set1_ps(-(float)I8_SYM_ZP(zp)), *s)
+                : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sp + I8_TILE)));
     }
+}
+
+/* Group g of a 16-column tile done: its scales s and offsets o applied to each row's integer
+ * sums, out[m] += s * (dx * dot[m]) + o * xs (both 512-bit 4-bit tiles). */
+static inline __attribute__((always_inline)) void w4_i8_group512(
+    const uint16_t *sbp, int zp, int g, const __m512i *dot, const float *dx, const float *xs,
+    int groups, int rows, __m512 *out) {
+    __m512 s, o;
+    w4_group_scales512(sbp, zp, g, &s, &o);
 #pragma GCC unroll 8
     for (int m = 0; m < I8_MAX_ROWS; m++) {
         if (m >= rows) continue;
@@ -1484,14 +1490,6 @@ int w6_gemm_f32(const float *x, const uint8_t *packed, const uint8_t *high, cons
                 int zp, float *y, int m_rows, int k, int n, int gs, int threads, int plain) {
     if (!w6_fits(high, zp, k, gs)) return -2;
     return w4_gemm_i8(x, packed, high, sb, zp, y, 0, m_rows, k, n, gs, threads, plain, 1);
-}
-
-/* The same for bf16 x and y (the rows read as they are, the products rounded to bf16). */
-int w6_gemm_bf16(const uint16_t *x, const uint8_t *packed, const uint8_t *high,
-                 const uint16_t *sb, int zp, uint16_t *y, int m_rows, int k, int n, int gs,
-                 int threads) {
-    if (!w6_fits(high, zp, k, gs)) return -2;
-    return w4_gemm_i8(x, packed, high, sb, zp, y, 1, m_rows, k, n, gs, threads, 0, 1);
 }
 
 /* The pairs layout of `tiles` tiles of K rows rewritten in the quads layout, in parallel

@@ -312,6 +312,36 @@ static void unpack_w8(const int8_t *wp, uint32_t *bbuf, int k) {
     }
 }
 
+/* A quads-layout tile of 16 columns (int8_dot.c: 4-bit or 6-bit codes with `hp`, any form of
+ * scales `zp`) dequantized to B-tile rows: each chunk's four values of K per column (one
+ * int32 lane, `w4q_chunk512`) become code * s + o in float32, then two rows of bf16 pairs. */
+static void unpack_w4q(const uint8_t *wp, const uint8_t *hp, const uint16_t *sbp, int zp,
+                       uint32_t *bbuf, int k, int gs) {
+    const int chunks = gs / 4, six = hp != NULL, nl = zp == I8_NL;
+    const __m512i book = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)I8_NL_VALUES));
+    const __m512i byte = _mm512_set1_epi32(0xff);
+    for (int g = 0; g < k / gs; g++) {
+        __m512 s, o;
+        w4_group_scales512(sbp, zp, g, &s, &o);
+        const uint8_t *gp = wp + (size_t)g * chunks * 2 * I8_TILE;
+        const uint8_t *hg = six ? hp + (size_t)g * chunks * I8_TILE : NULL;
+        uint32_t *rows = bbuf + (size_t)g * chunks * 2 * TILE;
+        for (int c = 0; c < chunks; c++) {
+            if (c % 2 == 0) _mm_prefetch((const char *)(gp + c * 32) + PREFETCH_BYTES, _MM_HINT_T0);
+            __m512i w = w4q_chunk512(gp, hg, c, six);
+            if (nl) w = _mm512_shuffle_epi8(book, w); /* the code book's bytes */
+            const __m512 v0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(w, byte)), s, o);
+            const __m512 v1 = _mm512_fmadd_ps(
+                _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(w, 8), byte)), s, o);
+            const __m512 v2 = _mm512_fmadd_ps(
+                _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(w, 16), byte)), s, o);
+            const __m512 v3 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(w, 24)), s, o);
+            _mm512_store_si512((__m512i *)(rows + (size_t)(2 * c) * TILE), interleave_bf16(v0, v1));
+            _mm512_store_si512((__m512i *)(rows + (size_t)(2 * c + 1) * TILE), interleave_bf16(v2, v3));
+        }
+    }
+}
+
 /* y[:, 16 columns] = xpad (16-row blocks) @ the unpacked tile, times `col_scale` if given. */
 static void amx_product(const uint32_t *bbuf, const uint16_t *xpad, uint16_t *y,
                         const float *col_scale, int m_rows, int k, int n) {
@@ -333,11 +363,20 @@ static void amx_product(const uint32_t *bbuf, const uint16_t *xpad, uint16_t *y,
     }
 }
 
-/* Either weight kind on AMX: each thread unpacks its tiles one at a time and multiplies every
- * 16-row block of x with them. `sb` is the w4 scales/offsets, `col_scale` the w8 scales. */
+/* A weight in the quads layout (int8_dot.c), for gemm_amx: its top bits (6-bit codes, else
+ * NULL), the form of its scales and their uint16 words per tile. */
+struct quads_weight {
+    const uint8_t *high;
+    int zp;
+    size_t sb_words;
+};
+
+/* Any weight kind on AMX: each thread unpacks its tiles one at a time and multiplies every
+ * 16-row block of x with them. `sb` is the w4 scales/offsets (the quads layout's when `quads`),
+ * `col_scale` the w8 scales. */
 static int gemm_amx(const uint16_t *x, const void *packed, const uint16_t *sb,
                     const float *col_scale, uint16_t *y, int m_rows, int k, int n, int gs,
-                    int threads) {
+                    int threads, const struct quads_weight *quads) {
     const int tiles = n / TILE, m_pad = (m_rows + 15) / 16 * 16;
     const size_t bwords = (size_t)(k / 2) * TILE;
     uint16_t *xpad = m_pad == m_rows ? NULL : calloc((size_t)m_pad * k, sizeof(uint16_t));
@@ -355,7 +394,11 @@ static int gemm_amx(const uint16_t *x, const void *packed, const uint16_t *sb,
         uint32_t *mine = bbuf + bwords * omp_get_thread_num();
 #pragma omp for schedule(static)
         for (int t = 0; t < tiles; t++) {
-            if (col_scale == NULL)
+            if (quads != NULL)
+                unpack_w4q((const uint8_t *)packed + (size_t)t * (k / 2) * TILE,
+                           quads->high != NULL ? quads->high + (size_t)t * (k / 4) * TILE : NULL,
+                           sb + (size_t)t * quads->sb_words, quads->zp, mine, k, gs);
+            else if (col_scale == NULL)
                 unpack_w4((const uint8_t *)packed + (size_t)t * (k / 2) * TILE,
                           sb + (size_t)t * (k / gs) * 2 * TILE, mine, k, gs);
             else
@@ -383,29 +426,76 @@ int w4_gemm_isa(void) {
 #endif
 }
 
-/* 1 when bf16 products of every row count go through int8 activations here (AVX512-BF16
- * without AMX): then bf16 models keep the quads layout (w4q_gemm_bf16), as float32 ones do. */
-int w4_bf16_via_int8(void) {
+/* 1 where bf16 models keep the quads layout (w4q_gemm_bf16, w6_gemm_bf16), as float32 ones
+ * do: the builds with AVX512-BF16. Their rows go through int8 activations, and on AMX the
+ * products of many rows through AMX from the same layout. */
+int w4_bf16_quads(void) {
 #if defined(W4_AVX512BF16) && defined(I8_AVX512)
-#ifdef W4_AMX
-    return !amx_allowed();
-#else
     return 1;
-#endif
 #else
     return 0;
 #endif
 }
 
-/* y[M][N] = x[M][K] @ W.T for the quads layout, bf16 x and y, where w4_bf16_via_int8();
+/* From this many rows of bf16 x a quads-layout product goes to AMX (unpacked to bf16 a tile
+ * at a time, the unpacking shared by the 16-row blocks); below it, int8 activations and
+ * `vpdpbusd` in the wide tile (8 rows a pass) cost less than the unpacking. Measured on
+ * Sapphire Rapids, 2 cores, 4-bit groups of 32, 2048x2048 to 8192x2048, GMAC/s int8 / AMX:
+ * 8 rows 300 / 150, 16 rows 330 / 260, 28 rows ~300 / ~320, 32 rows 340 / 410, 64 rows
+ * 345 / 570. */
+#ifndef AMX_QUADS_MIN_ROWS
+#define AMX_QUADS_MIN_ROWS 28
+#endif
+
+/* The least row count that takes AMX in quads_gemm_bf16 (0: never, in this build or process),
+ * for the tests. */
+int w4_bf16_quads_amx_rows(void) {
+#if defined(W4_AMX) && defined(I8_AVX512)
+    return amx_allowed() ? AMX_QUADS_MIN_ROWS : 0;
+#else
+    return 0;
+#endif
+}
+
+#if defined(W4_AVX512BF16) && defined(I8_AVX512)
+/* y = x @ W.T for bf16 x and y and a quads-layout weight (int8_dot.c's forms). */
+static int quads_gemm_bf16(const uint16_t *x, const uint8_t *packed, const uint8_t *high,
+                           const uint16_t *sb, int zp, uint16_t *y, int m_rows, int k, int n,
+                           int gs, int threads) {
+#ifdef W4_AMX
+    if (m_rows >= AMX_QUADS_MIN_ROWS && k % 32 == 0 && amx_allowed()) {
+        const size_t per_tile = zp == I8_KQ ? (size_t)k / 256 : (size_t)(k / gs);
+        const struct quads_weight q = {high, zp, per_tile * sb_stride(zp)};
+        return gemm_amx(x, packed, sb, NULL, y, m_rows, k, n, gs, threads, &q);
+    }
+#endif
+    return w4_gemm_i8(x, packed, high, sb, zp, y, 1, m_rows, k, n, gs, threads, 0, 1);
+}
+#endif
+
+/* y[M][N] = x[M][K] @ W.T for the quads layout, bf16 x and y, where w4_bf16_quads();
  * returns -2 on other builds (the layout is not kept there for bf16). */
 int w4q_gemm_bf16(const uint16_t *x, const uint8_t *packed, const uint16_t *sb, uint16_t *y,
                   int m_rows, int k, int n, int gs, int threads) {
 #if defined(W4_AVX512BF16) && defined(I8_AVX512)
-    if (w4_bf16_via_int8()) return w4_gemm_i8(x, packed, NULL, sb, 0, y, 1, m_rows, k, n, gs, threads, 0, 1);
-#endif
+    return quads_gemm_bf16(x, packed, NULL, sb, 0, y, m_rows, k, n, gs, threads);
+#else
     (void)x, (void)packed, (void)sb, (void)y, (void)m_rows, (void)k, (void)n, (void)gs, (void)threads;
     return -2;
+#endif
+}
+
+/* The 6-bit layout's product (int8_dot.c: w6_gemm_f32) for bf16 x and y: the rows read as they
+ * are, the products rounded to bf16; on AMX from AMX_QUADS_MIN_ROWS rows through bf16 weights. */
+int w6_gemm_bf16(const uint16_t *x, const uint8_t *packed, const uint8_t *high,
+                 const uint16_t *sb, int zp, uint16_t *y, int m_rows, int k, int n, int gs,
+                 int threads) {
+    if (!w6_fits(high, zp, k, gs)) return -2;
+#if defined(W4_AVX512BF16) && defined(I8_AVX512)
+    return quads_gemm_bf16(x, packed, high, sb, zp, y, m_rows, k, n, gs, threads);
+#else
+    return w4_gemm_i8(x, packed, high, sb, zp, y, 1, m_rows, k, n, gs, threads, 0, 1);
+#endif
 }
 
 /* y[M][N] = x[M][K] @ W.T. Needs N % 16 == 0, K % gs == 0, gs even.
@@ -415,12 +505,12 @@ int w4_gemm_bf16(const uint16_t *x, const uint8_t *packed, const uint16_t *sb, u
 #if defined(W4_AVX512BF16) && defined(I8_AVX512)
     /* int8 activations: every M without AMX (VDPBF16PS measured slower than `vpdpbusd` at
      * every M), up to I8_BF16_MAX_ROWS rows with it */
-    if ((w4_bf16_via_int8() || m_rows <= I8_BF16_MAX_ROWS) && gs % 8 == 0)
+    if ((w4_gemm_isa() < 2 || m_rows <= I8_BF16_MAX_ROWS) && gs % 8 == 0)
         return w4_gemm_i8(x, packed, NULL, sb, 0, y, 1, m_rows, k, n, gs, threads, 0, 0);
 #endif
 #ifdef W4_AMX
     if (m_rows >= AMX_MIN_ROWS && k % 32 == 0 && amx_allowed())
-        return gemm_amx(x, packed, sb, NULL, y, m_rows, k, n, gs, threads);
+        return gemm_amx(x, packed, sb, NULL, y, m_rows, k, n, gs, threads, NULL);
 #endif
 #ifdef W4_AVX512BF16
     const int groups = k / gs, tiles = n / TILE;
@@ -517,7 +607,7 @@ int w8_gemm_bf16(const uint16_t *x, const int8_t *packed, const float *scale, ui
                  int m_rows, int k, int n, int threads) {
 #ifdef W4_AMX
     if (k % 32 == 0 && amx_allowed())
-        return gemm_amx(x, packed, NULL, scale, y, m_rows, k, n, 0, threads);
+        return gemm_amx(x, packed, NULL, scale, y, m_rows, k, n, 0, threads, NULL);
 #endif
     float *xf = rows_to_f32(x, (size_t)m_rows * k);
     if (xf == NULL) return -1;
