@@ -63,6 +63,10 @@ class SavedTokenizer:
         finally:
             self._ready.set()
 
+    def wait_ready(self) -> None:
+        """Wait for the background build to end (its error, if any, stays for `full`)."""
+        self._ready.wait()
+
     def full(self) -> Any:
         """The transformers tokenizer (waits for the background load)."""
         self._ready.wait()
