@@ -14,6 +14,10 @@ from pathlib import Path
 
 import pytest
 
+# The Triton kernels' tests run in its interpreter: Triton is imported (in interpreter mode)
+# only when asked for before localpaged's first import (kernels/_triton.py).
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
 from localpaged.kernels import cpu_isa
 
 # Tests load models under monkeypatched kernels, which the packed-weights cache key cannot

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from localpaged.kernels._triton import HAS_TRITON
+from localpaged.kernels._triton import HAS_TRITON, UNAVAILABLE
 from localpaged.kernels.backend import use_triton_on
 
 TRITON_HEAD_DIMS = (16, 32, 64, 80, 96, 128, 256)
@@ -43,8 +43,7 @@ def check_supported(
     if not use_triton_on(device):
         return
     if not HAS_TRITON:
-        raise ValueError("the Triton kernels were selected but triton is not installed; "
-                         "install triton or set LOCALPAGED_KERNELS=torch")
+        raise ValueError(f"the Triton kernels were selected: {UNAVAILABLE}")
     if head_dim not in TRITON_HEAD_DIMS:
         raise ValueError(f"head_dim {head_dim} is not supported by the Triton kernels; "
                          f"supported: {_names(TRITON_HEAD_DIMS)}")

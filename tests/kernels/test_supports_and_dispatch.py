@@ -158,3 +158,35 @@ def test_package_imports_and_runs_without_triton() -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a CPU-only process")
+def test_a_cpu_process_imports_triton_only_when_asked() -> None:
+    """Without CUDA, localpaged's engine and kernels import without Triton (its 71 MiB and
+    150 ms go unspent: no CPU path launches a Triton kernel), and asking for the Triton kernels
+    before start (`LOCALPAGED_KERNELS=triton`) imports it in interpreter mode; asked for after
+    start, they are refused with what to do."""
+    code = ("import sys, os, torch\n"
+            "from localpaged.engine.engine import LLMEngine\n"
+            "from localpaged.kernels import _triton, check_supported\n"
+            "print('triton' in sys.modules, _triton.HAS_TRITON, os.environ.get('TRITON_INTERPRET'))\n"
+            "if not _triton.HAS_TRITON:\n"
+            "    os.environ['LOCALPAGED_KERNELS'] = 'triton'\n"
+            "    os.environ['TRITON_INTERPRET'] = '1'\n"
+            "    try:\n"
+            "        check_supported(64, 16, torch.float32, 'cpu')\n"
+            "    except ValueError as e:\n"
+            "        print(e)\n"
+            "else:\n"
+            "    print(_triton.interpreter_active())\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "LOCALPAGED_KERNELS")}
+    plain = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                           timeout=300)
+    assert plain.returncode == 0, plain.stderr
+    first, refusal = plain.stdout.splitlines()[:2]
+    assert first == "False False None"
+    assert "Triton is not loaded" in refusal and "LOCALPAGED_KERNELS=triton" in refusal
+    asked = subprocess.run([sys.executable, "-c", code], env={**env, "LOCALPAGED_KERNELS": "triton"},
+                           capture_output=True, text=True, timeout=300)
+    assert asked.returncode == 0, asked.stderr
+    assert asked.stdout.splitlines()[:2] == ["True True 1", "True"]
