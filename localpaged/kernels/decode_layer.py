@@ -28,7 +28,8 @@ class _W4(ctypes.Structure):
     _fields_ = [("packed", ctypes.c_void_p), ("sb", ctypes.c_void_p), ("bias", ctypes.c_void_p),
                 ("k", ctypes.c_int), ("n", ctypes.c_int), ("group_size", ctypes.c_int),
                 ("codes8", ctypes.c_void_p), ("scales8", ctypes.c_void_p),
-                ("offsets8", ctypes.c_void_p), ("block8", ctypes.c_int), ("quads", ctypes.c_int),
+                ("offsets8", ctypes.c_void_p), ("block8", ctypes.c_int), ("half8", ctypes.c_int),
+                ("quads", ctypes.c_int),
                 ("high", ctypes.c_void_p), ("zero_point", ctypes.c_int),
                 ("perm", ctypes.c_void_p)]
 
@@ -63,7 +64,8 @@ def _int8_blocks(linear: Any, dtype: torch.dtype) -> _W4 | None:
         return None
     return _W4(None, None, bias.data_ptr() if bias is not None else None, linear.in_features,
                linear.out_features, 0, linear.tiles.data_ptr(), linear.tile_scales.data_ptr(),
-               offsets.data_ptr() if offsets is not None else None, linear.block)
+               offsets.data_ptr() if offsets is not None else None, linear.block,
+               int(linear.tile_scales.dtype == torch.float16))
 
 
 def _six_bit(linear: Any, dtype: torch.dtype) -> _W4 | None:

@@ -223,7 +223,8 @@ def pack_q8(codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor | N
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(`tiles`, `tile_scales`, `tile_offsets`) for `matmul_q8` from int8 `codes` `[N, K]`
     and per-block `scales` (and `offsets`, or None) `[N, K/block]`: `W = codes * scale +
-    offset` per block (GGUF Q8_0: block 32, no offset). N % 16 == 0, an even block."""
+    offset` per block (GGUF Q8_0: block 32, no offset). N % 16 == 0, an even block. float16
+    scales stay float16 (Q8_0's own: the kernel widens them a tile at a time), others float32."""
     n, k = codes.shape
     blocks = scales.shape[1]
     block = k // blocks if blocks else 0
@@ -231,10 +232,12 @@ def pack_q8(codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor | N
         raise ValueError(f"8-bit blocks need N % 16 == 0 and whole even blocks "
                          f"(got {n} x {k}, {blocks} blocks)")
 
-    def tiled(t: torch.Tensor) -> torch.Tensor:
-        return t.float().reshape(n // TILE, TILE, blocks).transpose(1, 2).contiguous()
+    def tiled(t: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return t.to(dtype).reshape(n // TILE, TILE, blocks).transpose(1, 2).contiguous()
 
-    return pack_w8(codes), tiled(scales), None if offsets is None else tiled(offsets)
+    half = scales.dtype == torch.float16
+    return (pack_w8(codes), tiled(scales, torch.float16 if half else torch.float32),
+            None if offsets is None else tiled(offsets))
 
 
 def dequantize_q8(tiles: torch.Tensor, tile_scales: torch.Tensor,
@@ -247,7 +250,7 @@ def dequantize_q8(tiles: torch.Tensor, tile_scales: torch.Tensor,
     def per_value(v: torch.Tensor) -> torch.Tensor:
         return v.transpose(1, 2).reshape(t * TILE, -1).repeat_interleave(block, dim=1)
 
-    w = codes * per_value(tile_scales)
+    w = codes * per_value(tile_scales.float())
     return w if tile_offsets is None else w + per_value(tile_offsets)
 
 
@@ -266,8 +269,10 @@ def matmul_q8(x: torch.Tensor, tiles: torch.Tensor, tile_scales: torch.Tensor,
     n, block = tiles.shape[0] * TILE, k // tile_scales.shape[1]
     y = torch.empty(m, n, dtype=torch.float32)
     offsets = tile_offsets.data_ptr() if tile_offsets is not None else None
-    if m and lib.q8_gemm_f32(x.data_ptr(), tiles.data_ptr(), tile_scales.data_ptr(), offsets,
-                             y.data_ptr(), m, k, n, block, torch.get_num_threads(), int(plain)):
+    half = int(tile_scales.dtype == torch.float16)
+    if m and lib.q8_gemm_f32(x.data_ptr(), tiles.data_ptr(), tile_scales.data_ptr(), half,
+                             offsets, y.data_ptr(), m, k, n, block, torch.get_num_threads(),
+                             int(plain)):
         raise MemoryError("the CPU q8 kernel could not allocate its scratch memory")
     return y
 

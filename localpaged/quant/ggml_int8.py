@@ -177,12 +177,15 @@ class GgmlInt8Weight:
         return b.permute_rows(lambda a: a[self.rows])
 
     def kernel_tiles(self) -> tuple[torch.Tensor, torch.Tensor, None]:
-        """(`tiles`, `tile_scales`, no offsets) as `cpu_w4.pack_q8` of `blocks()` gives them."""
+        """(`tiles`, `tile_scales`, no offsets) as `cpu_w4.pack_q8` of `blocks()` gives them,
+        the scales float16 for Q8_0 (its own d, exact: the file's 8.5 bits a weight, not 9)."""
         from localpaged.quant import cpu_w4
 
         n, k = self.shape
+        half = self.type_name == "Q8_0"
         tiles = torch.empty(n // cpu_w4.TILE, k // 2, 2, cpu_w4.TILE, dtype=torch.int8)
-        scales = torch.empty(n // cpu_w4.TILE, k // self.block, cpu_w4.TILE, dtype=torch.float32)
+        scales = torch.empty(n // cpu_w4.TILE, k // self.block, cpu_w4.TILE,
+                             dtype=torch.float16 if half else torch.float32)
         cpu_w4.gguf_pack("gguf_q8_pack", self.type_name, self.data, self.rows, n, k,
-                         tiles.data_ptr(), scales.data_ptr())
+                         tiles.data_ptr(), scales.data_ptr(), int(half))
         return tiles, scales, None

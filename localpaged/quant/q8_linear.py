@@ -156,7 +156,7 @@ class Q8Embedding(TileEmbedding):
     def float_rows(self, tile: torch.Tensor, col: torch.Tensor) -> torch.Tensor:
         block = self.table.block
         codes = self.table.tiles[tile, :, :, col].reshape(tile.numel(), -1).float()
-        rows = codes * self.table.tile_scales[tile, :, col].repeat_interleave(block, dim=1)
+        rows = codes * self.table.tile_scales[tile, :, col].float().repeat_interleave(block, dim=1)
         if self.table.tile_offsets is not None:
             rows += self.table.tile_offsets[tile, :, col].repeat_interleave(block, dim=1)
         return rows

@@ -116,19 +116,32 @@ def test_int8_activation_loops_equal_the_plain_ones(cpu_variant: str, rows: int,
 
 
 @pytest.mark.parametrize("rows", [1, 3, 4, 5, 8, 13, 17])
-@pytest.mark.parametrize(("block", "offsets"), [(32, False), (16, False), (32, True), (64, True)],
-                         ids=["q8_0", "b16", "b32-offsets", "b64-offsets"])
+@pytest.mark.parametrize(("block", "offsets", "half"), [(32, False, True), (32, False, False),
+                                                   (16, False, False), (32, True, False),
+                                                   (64, True, True)],
+                         ids=["q8_0", "b32-f32", "b16", "b32-offsets", "b64-offsets-f16"])
 def test_q8_blocks_equal_the_int8_product(cpu_variant: str, rows: int, block: int,
-                                          offsets: bool) -> None:
+                                          offsets: bool, half: bool) -> None:
     """8-bit blocks (GGUF Q8_0, and the types converted to them) against the int8 scheme in
     float64, on the vector and the plain loops, and within int8 rounding of float32; a row's
-    product the same bits however many rows share its pass over a tile."""
+    product the same bits however many rows share its pass over a tile. float16 scales (Q8_0's
+    own) stay float16 in the tiles and give the float32 scales' product of the same values,
+    bit for bit."""
     g = torch.Generator().manual_seed(rows)
     n, k = 48, 128
     codes = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)
     scales = torch.rand(n, k // block, generator=g) * 0.01
+    if half:
+        scales = scales.half()
     offs = torch.randn(n, k // block, generator=g) * 0.01 if offsets else None
     tiles, tile_scales, tile_offsets = cpu_w4.pack_q8(codes, scales, offs)
+    assert tile_scales.dtype == (torch.float16 if half else torch.float32)
+    if half:
+        wide = cpu_w4.pack_q8(codes, scales.float(), offs)[1]
+        for plain in (False, True):
+            x1 = torch.randn(rows, k, generator=g)
+            assert torch.equal(cpu_w4.matmul_q8(x1, tiles, tile_scales, tile_offsets, plain=plain),
+                               cpu_w4.matmul_q8(x1, tiles, wide, tile_offsets, plain=plain))
     w = codes.double() * scales.double().repeat_interleave(block, dim=1)
     if offs is not None:
         w += offs.double().repeat_interleave(block, dim=1)
@@ -150,7 +163,7 @@ def test_q8_blocks_equal_the_int8_product(cpu_variant: str, rows: int, block: in
     xb = x.bfloat16()
     yb = torch.empty(rows, n, dtype=torch.bfloat16)
     assert native.library().q8_gemm_bf16(
-        xb.data_ptr(), tiles.data_ptr(), tile_scales.data_ptr(),
+        xb.data_ptr(), tiles.data_ptr(), tile_scales.data_ptr(), int(half),
         tile_offsets.data_ptr() if tile_offsets is not None else None, yb.data_ptr(), rows, k,
         n, block, torch.get_num_threads()) == 0
     assert torch.equal(yb, cpu_w4.matmul_q8(xb, tiles, tile_scales, tile_offsets).bfloat16())

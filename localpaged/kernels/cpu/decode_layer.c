@@ -19,8 +19,9 @@ struct w4_layer {
     /* Or int8 blocks (int8_dot.c, float32 models only) where `codes8` is set: a matrix of a
      * GGUF type without a 4-bit kernel, or a fused one of mixed types. */
     const int8_t *codes8;
-    const float *scales8, *offsets8;
-    int block8;
+    const void *scales8; /* float16 when half8, else float32 */
+    const float *offsets8;
+    int block8, half8;
     int quads; /* `packed` in the quads layout (int8_dot.c: every build, through w6_gemm) */
     const uint8_t *high; /* the 6-bit layout's top bits (int8_dot.c; quads), or NULL */
     int zero_point;      /* the form of sb (int8_dot.c; quads): 0, > 0 or I8_KQ */
@@ -52,14 +53,14 @@ static inline float same_f32(float v) { return v; }
 
 static int q8_linear_f32(const struct w4_layer *w, const float *x, float *y, int rows,
                          int threads) {
-    return q8_gemm_f32(x, w->codes8, w->scales8, w->offsets8, y, rows, w->k, w->n, w->block8,
+    return q8_gemm_f32(x, w->codes8, w->scales8, w->half8, w->offsets8, y, rows, w->k, w->n, w->block8,
                        threads, 0);
 }
 
 /* bf16 models: the rows read as they are, the product rounded to bf16 (int8 activations). */
 static int q8_linear_bf16(const struct w4_layer *w, const uint16_t *x, uint16_t *y, int rows,
                           int threads) {
-    return q8_gemm_bf16(x, w->codes8, w->scales8, w->offsets8, y, rows, w->k, w->n, w->block8,
+    return q8_gemm_bf16(x, w->codes8, w->scales8, w->half8, w->offsets8, y, rows, w->k, w->n, w->block8,
                         threads);
 }
 

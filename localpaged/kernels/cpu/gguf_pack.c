@@ -192,7 +192,8 @@ static float gp_q6k_scale(const uint8_t *b, int i) {
 
 /* GGUF Q8_0 (type 8: f16 d, 32 int8), Q5_0 (type 6: code - 16, scale d) and Q6_K (type 14:
  * code - 32, a scale d * sc per 16 values) matrices straight into the 8-bit kernel's tiles
- * (int8_dot.c: codes [N/16][K/2][2][16], scales float32 [N/16][K/bs][16]), the numbers of
+ * (int8_dot.c: codes [N/16][K/2][2][16], scales float32 [N/16][K/bs][16], or float16 for Q8_0
+ * when `half`: its own d, exact), the numbers of
  * localpaged/quant/ggml_int8.py (its `_q8_0`, `_q5_0`, `_q6_k`). */
 static void gp_q8_block(const uint8_t *b, int type, int8_t *q, float *s) {
     if (type == 8) {
@@ -216,23 +217,28 @@ static void gp_q8_block(const uint8_t *b, int type, int8_t *q, float *s) {
 }
 
 int gguf_q8_pack(const uint8_t *blocks, int type, const int32_t *rows, int n, int k,
-                 int8_t *codes, float *scales, int threads) {
+                 int8_t *codes, void *scales, int half, int threads) {
     const int values = type == 14 ? 256 : 32, bs = type == 14 ? 16 : 32;
     const int bytes = type == 8 ? 34 : type == 6 ? 22 : type == 14 ? 210 : 0;
-    if (bytes == 0 || n % GP_TILE || k % values) return -1;
+    if (bytes == 0 || n % GP_TILE || k % values || (half && type != 8)) return -1;
     const int per_row = k / values, scales_per = values / bs;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int t = 0; t < n / GP_TILE; t++) {
         int8_t *ct = codes + (size_t)t * k * GP_TILE;
-        float *st = scales + (size_t)t * (k / bs) * GP_TILE;
+        const size_t first = (size_t)t * (k / bs) * GP_TILE;
         for (int j = 0; j < GP_TILE; j++) {
             const uint8_t *row = blocks + (size_t)rows[t * GP_TILE + j] * per_row * bytes;
             for (int blk = 0; blk < per_row; blk++) {
                 int8_t q[256];
                 float s[16];
                 gp_q8_block(row + (size_t)blk * bytes, type, q, s);
-                for (int i = 0; i < scales_per; i++)
-                    st[((size_t)blk * scales_per + i) * GP_TILE + j] = s[i];
+                for (int i = 0; i < scales_per; i++) {
+                    const size_t at = first + ((size_t)blk * scales_per + i) * GP_TILE + j;
+                    if (half) /* Q8_0's d: a float16 in the file, exact */
+                        ((uint16_t *)scales)[at] = f32_to_f16(s[i]);
+                    else
+                        ((float *)scales)[at] = s[i];
+                }
                 for (int v = 0; v < values; v++) {
                     const int kk = blk * values + v;
                     ct[(size_t)(kk / 2) * 2 * GP_TILE + (kk % 2) * GP_TILE + j] = q[v];

@@ -1363,11 +1363,24 @@ static int w4_gemm_i8(const void *x, const uint8_t *packed, const uint8_t *high,
     return 0;
 }
 
+/* float16 values as float32 (`count` a multiple of 16). */
+static void i8_widen_halves(const uint16_t *h, float *f, size_t count) {
+#if defined(I8_AVX2)
+    for (size_t i = 0; i < count; i += 8)
+        _mm256_storeu_ps(f + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
+#elif defined(I8_NEON)
+    for (size_t i = 0; i < count; i += 4)
+        vst1q_f32(f + i, vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(h + i))));
+#else
+    for (size_t i = 0; i < count; i++) f[i] = f16_to_f32(h[i]);
+#endif
+}
+
 /* y [M][N] (float32, or x and y bf16 when `y_bf16`) = x [M][K] @ W.T for 8-bit blocks of
- * `bs` values (see the top), through int8 activations per block; `offsets` may be NULL;
- * `plain` forces the plain-C loops. Needs N % 16 == 0, K % bs == 0, bs even. Returns 0, or -1
+ * `bs` values (see the top), through int8 activations per block; `scales` float16 when
+ * `half` (else float32), `offsets` float32 or NULL; `plain` forces the plain-C loops. Needs N % 16 == 0, K % bs == 0, bs even. Returns 0, or -1
  * when scratch memory cannot be had. */
-static int q8_gemm_i8(const void *x, const int8_t *codes, const float *scales,
+static int q8_gemm_i8(const void *x, const int8_t *codes, const void *scales, int half,
                       const float *offsets, void *y, int y_bf16, int m_rows, int k, int n, int bs,
                       int threads, int plain) {
     const int blocks = k / bs, tiles = n / I8_TILE;
@@ -1413,7 +1426,15 @@ static int q8_gemm_i8(const void *x, const int8_t *codes, const float *scales,
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int t = 0; t < tiles; t++) {
         const int8_t *wp = codes + (size_t)t * k * I8_TILE;
-        const float *sp = scales + (size_t)t * blocks * I8_TILE;
+        /* float16 scales (Q8_0's own) become the tile's float32 ones here, in L1: the matrix
+         * keeps the file's 2 bytes a block and column, the tiles read floats */
+        float widened[half ? (size_t)blocks * I8_TILE : 1];
+        const float *sp = (const float *)scales + (size_t)t * blocks * I8_TILE;
+        if (half) {
+            i8_widen_halves((const uint16_t *)scales + (size_t)t * blocks * I8_TILE, widened,
+                            (size_t)blocks * I8_TILE);
+            sp = widened;
+        }
         const float *op = offsets != NULL ? offsets + (size_t)t * blocks * I8_TILE : NULL;
         float acc[I8_MAX_ROWS * I8_TILE];
         for (int m0 = 0; m0 < m_rows; m0 += pass) {
@@ -1450,16 +1471,17 @@ static int q8_gemm_i8(const void *x, const int8_t *codes, const float *scales,
     return 0;
 }
 
-int q8_gemm_f32(const float *x, const int8_t *codes, const float *scales, const float *offsets,
-                float *y, int m_rows, int k, int n, int bs, int threads, int plain) {
-    return q8_gemm_i8(x, codes, scales, offsets, y, 0, m_rows, k, n, bs, threads, plain);
+int q8_gemm_f32(const float *x, const int8_t *codes, const void *scales, int half,
+                const float *offsets, float *y, int m_rows, int k, int n, int bs, int threads,
+                int plain) {
+    return q8_gemm_i8(x, codes, scales, half, offsets, y, 0, m_rows, k, n, bs, threads, plain);
 }
 
 /* The same for bf16 x and y (the rows read as they are, the products rounded to bf16). */
-int q8_gemm_bf16(const uint16_t *x, const int8_t *codes, const float *scales,
+int q8_gemm_bf16(const uint16_t *x, const int8_t *codes, const void *scales, int half,
                  const float *offsets, uint16_t *y, int m_rows, int k, int n, int bs,
                  int threads) {
-    return q8_gemm_i8(x, codes, scales, offsets, y, 1, m_rows, k, n, bs, threads, 0);
+    return q8_gemm_i8(x, codes, scales, half, offsets, y, 1, m_rows, k, n, bs, threads, 0);
 }
 
 /* The 4-bit product through int8 activations for float32 x and y, for the tests:
