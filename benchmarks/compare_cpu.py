@@ -121,14 +121,19 @@ def run_localpaged(model: str, w: dict, variant: str) -> dict:
     client = LocalClient.from_model(model, enable_prefix_caching=caching,
                                     max_num_batched_tokens=512)
     engine = client.engine
-    # A GGUF's saved tokenizer builds the transformers one (chat templates) on a thread for
-    # 2-3 s after load; the workloads start after it, as a user's first chat message does
-    # (it waits for the template). Run beside the first workloads, that thread took a core
-    # from the kernels' OpenMP team: a 1B model's first prompt and decode steps ran at 1/3 to
-    # 1/7 of their speed, by chance of timing. first_token.py times the load itself.
+    # Two threads may still run after load: a GGUF's saved tokenizer building the transformers
+    # one (chat templates, 2-3 s), and at a model's first load with this code the writer of
+    # its packed weights (packed_cache, seconds for 1 GB). The workloads start after both, as
+    # a user's chats do after the first minutes (a first chat message waits for the template
+    # anyway). Run beside the first workloads they took a core from the kernels' OpenMP team:
+    # a 1B model's first prompt and decode steps ran at 1/3 to 1/7 of their speed, by chance
+    # of timing. first_token.py times the load itself.
     wait_ready = getattr(getattr(engine.tokenizer, "hf", None), "wait_ready", None)
     if wait_ready is not None:
         wait_ready()
+    from localpaged.model import packed_cache
+
+    packed_cache.wait_for_writes()
 
     def params(n: int) -> SamplingParams:
         return SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)

@@ -99,6 +99,11 @@ class AsyncEngine:
             try:
                 self.engine = engine() if callable(engine) else engine
                 self._stats = self.engine.stats()
+                # Chats (the UI's, the API's) need the template: have it built meanwhile.
+                hf = getattr(self.engine.tokenizer, "hf", None)
+                start = getattr(hf, "start_background", None)
+                if start is not None:
+                    start()
             except BaseException as exc:  # handed to the constructor's caller
                 failure.append(exc)
                 return

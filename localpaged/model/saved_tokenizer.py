@@ -4,8 +4,9 @@ is imported.
 Importing transformers takes a second or two (it scans its model folders), longer than
 mapping a cached model's weights, so it would hold up every load. `SavedTokenizer` answers
 what needs only the `tokenizers` backend at once (encode, decode, the vocabulary, special
-tokens) and builds the transformers tokenizer in a background thread for the rest (chat
-templates, xgrammar), waiting for it only when one of those is first asked for.
+tokens) and builds the transformers tokenizer for the rest (chat templates, xgrammar) when one
+of those is first asked for, or earlier on a thread of its own when an app that renders chats
+starts it at load (`start_background`: the engine behind the chat UI and the API does).
 
 Tokenizers are saved for this under `tokenizer_cache_dir(kind)`: those converted from GGUF
 metadata (`localpaged.model.gguf_loader`) and those transformers built for an HF folder
@@ -47,6 +48,19 @@ class SavedTokenizer:
         self._full: Any = None
         self._error: BaseException | None = None
         self._ready = threading.Event()
+        self._started = False
+        self._start_lock = threading.Lock()
+
+    def start_background(self) -> None:
+        """Start building the transformers tokenizer on a thread of its own (once): what an app
+        that renders chats calls at load, so the template is ready by its first message. Not
+        started by default: its import of transformers is 2-3 s of Python and ~50 MiB that a
+        process of token-id prompts never needs, and beside the first steps it took a core
+        from the kernels."""
+        with self._start_lock:
+            if self._started:
+                return
+            self._started = True
         # A daemon: a process that never needs the full tokenizer does not wait for it to exit.
         threading.Thread(target=self._build, name="localpaged-tokenizer", daemon=True).start()
 
@@ -64,11 +78,13 @@ class SavedTokenizer:
             self._ready.set()
 
     def wait_ready(self) -> None:
-        """Wait for the background build to end (its error, if any, stays for `full`)."""
-        self._ready.wait()
+        """Wait for a started background build to end (its error, if any, stays for `full`)."""
+        if self._started:
+            self._ready.wait()
 
     def full(self) -> Any:
-        """The transformers tokenizer (waits for the background load)."""
+        """The transformers tokenizer (built now if nobody started it; else waits for it)."""
+        self.start_background()
         self._ready.wait()
         if self._error is not None:
             raise self._error

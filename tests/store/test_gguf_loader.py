@@ -254,6 +254,7 @@ def test_saved_tokenizer_answers_as_transformers(smollm_gguf, store_home):
     tok = tokenizer_from_gguf(smollm_gguf)
     fast = tok.hf
     assert isinstance(fast, SavedTokenizer)
+    assert not fast._started  # transformers' tokenizer: built only when asked for
     assert (len(fast), fast.eos_token_id, fast.bos_token_id, fast.chat_template) == (
         len(ref), ref.eos_token_id, ref.bos_token_id, ref.chat_template)
     assert fast.get_vocab() == ref.get_vocab()
@@ -275,7 +276,10 @@ def test_saved_tokenizer_answers_as_transformers(smollm_gguf, store_home):
         assert [fast.convert_ids_to_tokens(i) for i in ids] == ref.convert_ids_to_tokens(ids)
     assert {i for i, t in fast.added_tokens_decoder.items() if t.special} == {
         i for i, t in ref.added_tokens_decoder.items() if t.special}
+    assert not fast._started  # encode, decode and token names need only the backend
+    fast.wait_ready()  # nothing started: returns at once
     chat = [{"role": "user", "content": "Hello?"}]
     assert tok.render_chat(chat) == ref.apply_chat_template(chat, tokenize=False,
                                                             add_generation_prompt=True)
+    assert fast._started  # the template asked for it
     assert type(tok.hf_full) is type(ref)
