@@ -9,7 +9,8 @@ compile of the same signature and constexprs.
     python -m localpaged.kernels.aot_check [--arch 90 --arch 80]
 
 Triton fixes compiled-vs-interpreted mode at its import, so when this process imported it as
-an interpreter (any CUDA-less machine) `main` re-executes itself with TRITON_INTERPRET=0.
+an interpreter, or not at all (a CUDA-less machine imports it only when asked), `main`
+re-executes itself with TRITON_INTERPRET=0 and LOCALPAGED_KERNELS=triton.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any
 
 import torch
 
-from localpaged.kernels._triton import interpreter_active
+from localpaged.kernels._triton import HAS_TRITON, interpreter_active
 
 _TYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32",
           torch.int32: "i32", torch.int64: "i64"}
@@ -134,8 +135,11 @@ def main() -> None:
                     help="compute capability, e.g. 90 (default: 90, 89 and 80)")
     ap.add_argument("--quick", action="store_true", help="one dtype and shape per kernel")
     args = ap.parse_args()
-    if interpreter_active():
-        env = {**os.environ, "TRITON_INTERPRET": "0"}
+    if interpreter_active() or not HAS_TRITON:
+        if os.environ.get("_LOCALPAGED_AOT_CHILD") == "1":
+            sys.exit("aot_check needs Triton: pip install triton")
+        env = {**os.environ, "TRITON_INTERPRET": "0", "LOCALPAGED_KERNELS": "triton",
+               "_LOCALPAGED_AOT_CHILD": "1"}
         os.execve(sys.executable, [sys.executable, "-m", __spec__.name, *sys.argv[1:]], env)
     for line in run(args.arch or [90, 89, 80], args.quick):
         print(line)
