@@ -4,8 +4,8 @@ with no torch op in between. For a small model the some sixty torch ops of a lay
 than its matmuls; this path leaves the matmuls and little else.
 
 `CpuDecodePlan.build(model)` returns a plan when every layer qualifies (bf16 or float32, fused
-q/k/v and gate/up on the own 4-bit kernel, no act-order, or int8 blocks: GGUF types without
-a 4-bit kernel or fused layers of mixed types with one, or the 6-bit layout); the model runs
+q/k/v and gate/up on the own 4-bit kernel, or int8 blocks: GGUF types without a 4-bit kernel,
+or the 6-bit layout, or parts of such kinds joined side by side); the model runs
 decode rows through `plan.run` (a decode-only step whole, the decode rows of a mixed step as a
 sub-batch) and prompt chunks through its modules.
 """
@@ -31,7 +31,7 @@ class _W4(ctypes.Structure):
                 ("offsets8", ctypes.c_void_p), ("block8", ctypes.c_int), ("half8", ctypes.c_int),
                 ("quads", ctypes.c_int),
                 ("high", ctypes.c_void_p), ("zero_point", ctypes.c_int),
-                ("perm", ctypes.c_void_p)]
+                ("perm", ctypes.c_void_p), ("parts", ctypes.c_void_p), ("n_parts", ctypes.c_int)]
 
 
 class _Layer(ctypes.Structure):
@@ -87,6 +87,15 @@ def _six_bit(linear: Any, dtype: torch.dtype) -> _W4 | None:
 def _w4(linear: Any, dtype: torch.dtype) -> _W4 | None:
     """The C view of a QuantLinear on the own kernel (or of int8 blocks, or 6-bit), or None
     if it is none of them."""
+    from localpaged.quant.joined_linear import JoinedLinear
+
+    if isinstance(linear, JoinedLinear):
+        views = [_w4(part, dtype) for part in linear.parts]
+        if any(v is None for v in views):
+            return None
+        linear.plan_parts = (_W4 * len(views))(*views)  # kept alive by the layer
+        return _W4(k=linear.in_features, n=linear.out_features,
+                   parts=ctypes.addressof(linear.plan_parts), n_parts=len(views))
     if getattr(linear, "w4_packed", None) is None:
         return _int8_blocks(linear, dtype) or _six_bit(linear, dtype)
     bias = linear.bias

@@ -46,9 +46,12 @@ def fuse_linears(layers: list[nn.Module]) -> nn.Module:
     """One layer whose output is the outputs of `layers` (same input) concatenated.
     Raises ValueError when they cannot be joined."""
     first = layers[0]
+    from localpaged.quant.joined_linear import JoinedLinear, joins_exactly
     from localpaged.quant.q8_linear import Q8Linear
     from localpaged.quant.w6_linear import W6Linear
 
+    if not joins_exactly(layers):  # CPU layers of different forms: each keeps its own bytes
+        return JoinedLinear(layers)
     if any(isinstance(layer, Q8Linear) for layer in layers) or not W6Linear.joins(layers):
         return Q8Linear.concat(layers)  # int8 blocks, maybe mixed with 4-bit or IQ4_NL
     if any(isinstance(layer, W6Linear) for layer in layers):  # 6-bit, maybe mixed with 4-bit

@@ -4,9 +4,9 @@ a decode step, which reads every weight once, reads less: Q6_K, Q5_0, Q5_1 and Q
 9-10), Q4_0 with its scales alone (4.5), Q4_K with its super-block scales (4.625), where
 the 4-bit layer's float16 scale and offset per group take 5, and IQ4_NL and IQ4_XS with their
 4-bit codes into their code book and float16 scales alone (4.5, where int8 blocks take 9;
-IQ4_XS's d * (ls - 32) rounded to float16, as Q6_K's d * sc is). A fused layer whose parts are
-6-bit and 4-bit (a Q4_K_M file's q/k/v, with v in Q6_K) is one 6-bit layer: the 4-bit
-layout's nibbles are this one's, with top bits 0.
+IQ4_XS's d * (ls - 32) rounded to float16, as Q6_K's d * sc is). Parts of one form fuse into
+one layer (`concat`); parts of different forms (a Q4_K_M file's q/k/v, with v in Q6_K) are
+joined side by side instead (`joined_linear`), each keeping its own bytes.
 
 A tied token embedding (Q6_K in most K-quant files) is both the input table and the output
 layer: `W6Embedding` gathers rows from the layer's own bytes.

@@ -144,14 +144,16 @@ def test_native_decode_takes_int8_blocks_of_a_mixed_gguf_in_float32(
         tmp_path: Path, cpu_variant: str) -> None:
     """A file mixing Q4_1, Q4_0, Q5_0, Q5_1 and Q8_0 (as llama.cpp's presets do for small
     models): in float32 with int8 activations the layers of other types are int8 blocks or
-    6-bit (Q5_1), a q/k/v of mixed types with a Q8_0 part is fused into int8 blocks, and
-    decode steps still take the native layer, agreeing with the torch layers."""
+    6-bit (Q5_1), a q/k/v of mixed types with a Q8_0 part is joined with each part in its own
+    form (the Q8_0 one int8 blocks), and decode steps still take the native layer, agreeing
+    with the torch layers."""
     import sys
 
     sys.path.insert(0, str(Path(__file__).parents[1] / "store"))
     from ggufmaker import write_tiny_gguf
 
     from localpaged.quant import cpu_w4, cpu_w6
+    from localpaged.quant.joined_linear import JoinedLinear
     from localpaged.quant.q8_linear import Q8Linear
     from localpaged.quant.w6_linear import W6Linear
 
@@ -166,7 +168,8 @@ def test_native_decode_takes_int8_blocks_of_a_mixed_gguf_in_float32(
         return
     assert done["native_decode"] == 1
     layer = model.model.layers[0]
-    assert isinstance(layer.self_attn.qkv_proj, Q8Linear)  # with a Q8_0 part: int8 blocks
+    qkv = layer.self_attn.qkv_proj
+    assert isinstance(qkv, JoinedLinear) and isinstance(qkv.parts[2], Q8Linear)  # v: Q8_0
     assert isinstance(layer.mlp.down_proj, W6Linear if cpu_w6.available() else Q8Linear)  # Q5_1
     g = torch.Generator().manual_seed(1)
     vocab = model.config.vocab_size
@@ -175,9 +178,8 @@ def test_native_decode_takes_int8_blocks_of_a_mixed_gguf_in_float32(
 
 
 def test_native_decode_takes_a_fused_6_bit_layer(tmp_path: Path, cpu_variant: str) -> None:
-    """q (Q4_1, 4-bit), k (Q5_0) and v (Q5_1) fuse into one 6-bit layer (the 4-bit codes with
-    top bits 0, at the smaller group), which the native decode layer takes, agreeing with the
-    torch layers; its weight is the three side by side."""
+    """k and v in Q5_1 fuse into one 6-bit layer (their own form), which the native decode
+    layer takes, agreeing with the torch layers; its weight is the two side by side."""
     import sys
 
     sys.path.insert(0, str(Path(__file__).parents[1] / "store"))
@@ -188,7 +190,7 @@ def test_native_decode_takes_a_fused_6_bit_layer(tmp_path: Path, cpu_variant: st
     from localpaged.quant.w6_linear import W6Linear
 
     p = "model.layers.0."
-    types = {p + "self_attn.k_proj.weight": "Q5_0", p + "self_attn.v_proj.weight": "Q5_1"}
+    types = {p + f"self_attn.{x}_proj.weight": "Q5_1" for x in "qkv"}
     path = write_tiny_gguf(tmp_path / "six.gguf", "Q4_1", types=types)
     model, _ = load_model(path, dtype="float32")
     done = optimize_for_inference(model, torch.device("cpu"))
@@ -196,7 +198,7 @@ def test_native_decode_takes_a_fused_6_bit_layer(tmp_path: Path, cpu_variant: st
     if not cpu_w6.available():
         assert not isinstance(qkv, W6Linear)
         return
-    assert isinstance(qkv, W6Linear) and done["native_decode"] == 1
+    assert isinstance(qkv, W6Linear) and qkv.high is not None and done["native_decode"] == 1
     dense = dict(open_gguf(path).weights())
     want = torch.cat([dense[f"{p}self_attn.{x}_proj.weight"] for x in "qkv"])
     torch.testing.assert_close(qkv.blocks().dequantize(), want, rtol=0, atol=1e-6)
@@ -204,6 +206,54 @@ def test_native_decode_takes_a_fused_6_bit_layer(tmp_path: Path, cpu_variant: st
     vocab = model.config.vocab_size
     prompts = [torch.randint(3, vocab, (n,), generator=g).tolist() for n in (5, 12)]
     _assert_close(*_decode_step_both_ways(model, prompts), torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "f32"])
+def test_parts_of_different_forms_are_joined_in_their_own_bytes(
+        tmp_path: Path, cpu_variant: str, dtype: torch.dtype) -> None:
+    """A Q4_K_M-like mix (q and k 4-bit, v 6-bit; gate and up of two 4-bit types): the fused
+    layers keep each part in its own form, so they hold exactly the parts' bytes (one 6-bit
+    matrix would hold q and k at 6-bit and per-16 scales), their outputs are the parts' side by
+    side, and native decode steps through them (several rows: each part's columns in place)
+    agree with the torch layers."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "store"))
+    from ggufmaker import write_tiny_gguf
+
+    from localpaged.model.gguf_loader import open_gguf
+    from localpaged.model.llama import fuse_linears
+    from localpaged.quant import cpu_w6
+    from localpaged.quant.joined_linear import JoinedLinear
+    from localpaged.quant.w6_linear import W6Linear
+
+    p = "model.layers.0."
+    types = {p + "self_attn.q_proj.weight": "Q4_0", p + "self_attn.k_proj.weight": "Q4_0",
+             p + "self_attn.v_proj.weight": "Q5_0", p + "mlp.up_proj.weight": "Q4_1"}
+    path = write_tiny_gguf(tmp_path / "mix.gguf", "Q4_0", types=types)
+    model, _ = load_model(path, dtype=dtype)
+    attn = model.model.layers[0].self_attn
+    parts = [attn.q_proj, attn.k_proj, attn.v_proj]
+    part_bytes = sum(b.numel() * b.element_size() for m in parts for b in m.buffers())
+    done = optimize_for_inference(model, torch.device("cpu"))
+    qkv = attn.qkv_proj
+    if not cpu_w6.available():
+        return
+    assert isinstance(qkv, JoinedLinear) and list(qkv.parts) == parts
+    assert sum(b.numel() * b.element_size() for b in qkv.buffers()) == part_bytes
+    one_matrix = W6Linear.concat(parts)  # what fusing them into one layer used to make
+    assert part_bytes < 0.9 * sum(b.numel() * b.element_size() for b in one_matrix.buffers())
+    assert fuse_linears(parts) is not one_matrix and isinstance(fuse_linears(parts), JoinedLinear)
+    dense = dict(open_gguf(path).weights())
+    x = torch.randn(3, qkv.in_features).to(dtype)
+    want = torch.cat([m(x) for m in parts], dim=-1)
+    torch.testing.assert_close(qkv(x), want, rtol=0, atol=0)
+    assert qkv(x).shape[-1] == sum(dense[f"{p}self_attn.{n}_proj.weight"].shape[0] for n in "qkv")
+    assert done["native_decode"] == 1
+    g = torch.Generator().manual_seed(5)
+    vocab = model.config.vocab_size
+    prompts = [torch.randint(3, vocab, (n,), generator=g).tolist() for n in (7, 15, 3)]
+    _assert_close(*_decode_step_both_ways(model, prompts), dtype)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "f32"])

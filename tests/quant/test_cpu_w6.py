@@ -262,10 +262,10 @@ def test_code_book_types_keep_their_codes_and_scales(fixture_tensors, type_name:
 
 @needs_kernels
 def test_iq4_nl_fuses_with_its_kind_only() -> None:
-    """IQ4_NL layers fuse keeping the code book; with another kind the model's fusion makes
-    int8 blocks holding every part's values."""
+    """IQ4_NL layers fuse keeping the code book; with another kind the model's fusion joins
+    them side by side, each in its own form."""
     from localpaged.model.llama import fuse_linears
-    from localpaged.quant.q8_linear import Q8Linear
+    from localpaged.quant.joined_linear import JoinedLinear
 
     a, b = (W6Linear(*_packed(32, 128, 32, seed, False, cpu_w6.NL), cpu_w6.NL) for seed in (2, 3))
     both = fuse_linears([a, b])
@@ -276,8 +276,8 @@ def test_iq4_nl_fuses_with_its_kind_only() -> None:
     with pytest.raises(ValueError, match="IQ4_NL"):
         W6Linear.concat([a, six])
     mixed = fuse_linears([a, six])
-    assert isinstance(mixed, Q8Linear)
-    assert torch.equal(mixed.blocks().dequantize(), torch.cat([a.dequantize(), six.dequantize()]))
+    assert isinstance(mixed, JoinedLinear) and list(mixed.parts) == [a, six]
+    assert torch.equal(mixed(x), torch.cat([a(x), six(x)], dim=1))
 
 
 def _qtype(name: str):

@@ -83,10 +83,11 @@ def test_mixed_file_in_float32_keeps_the_other_types_as_int8_blocks(
         tmp_path: Path, cpu_variant: str) -> None:
     """Where float32 activations are int8 (AVX2 and up), Q8_0 matrices stay int8 blocks and
     Q5_0/Q5_1 ones 6-bit (int8 blocks on builds without the 6-bit loops), holding the file's
-    values exactly (and joining 4-bit ones in a fused q/k/v: int8 blocks when one part is);
+    values exactly (and keep their own form beside 4-bit ones in a fused q/k/v);
     elsewhere they are dequantized once, as before."""
     from localpaged.model.loader import load_model
     from localpaged.quant import cpu_w4, cpu_w6
+    from localpaged.quant.joined_linear import JoinedLinear
     from localpaged.quant.q8_linear import Q8Linear
     from localpaged.quant.w6_linear import W6Linear
 
@@ -104,13 +105,14 @@ def test_mixed_file_in_float32_keeps_the_other_types_as_int8_blocks(
         summary = gguf.load_summary(torch.float32, kept_4bit(torch.float32, True, True), True)
         assert "Q8_0 x 1 as int8 blocks" in summary
         assert ("Q5_0 x 1, Q5_1 x 1 kept 6-bit" in summary) == six, summary
-        # q (Q4_1, 4-bit), k (Q5_0), v (Q8_0) join as one int8-block layer, rows unpermuted
+        # q (Q4_1, 4-bit), k (Q5_0), v (Q8_0) join side by side, each in its own form: v's
+        # int8 blocks hold the file's values, rows unpermuted
         model.fuse_projections()
         qkv = model.model.layers[0].self_attn.qkv_proj
-        assert isinstance(qkv, Q8Linear)
-        want = torch.cat([dense[f"{P}self_attn.{x}_proj.weight"] for x in "qkv"])
-        got = cpu_w4.dequantize_q8(qkv.tiles, qkv.tile_scales, qkv.tile_offsets)
-        torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+        assert isinstance(qkv, JoinedLinear) and isinstance(qkv.parts[2], Q8Linear)
+        v = qkv.parts[2]
+        got = cpu_w4.dequantize_q8(v.tiles, v.tile_scales, v.tile_offsets)
+        torch.testing.assert_close(got, dense[f"{P}self_attn.v_proj.weight"], rtol=0, atol=1e-6)
 
 
 def _q4_k_bytes(n: int, k: int, seed: int) -> np.ndarray:
@@ -238,12 +240,12 @@ def test_an_iq4_nl_file_keeps_its_code_book(tmp_path: Path, cpu_variant: str) ->
     """IQ4_NL matrices stay in their 4-bit codes and scales where the quads layout serves
     (every x86 build from AVX2 on), the tied embedding too (then also the output layer): the
     file's values exactly, the load line counts them among the 4-bit matrices, a q/k/v mixing
-    IQ4_NL with Q5_0 fuses into int8 blocks of the same values, and the logits are those of
+    IQ4_NL with Q5_0 joins them each in its own form, and the logits are those of
     the same file on torch's ops (dense float32 weights) within the int8 activations' rounding.
     Elsewhere they are int8 blocks, or dequantized once."""
     from localpaged.model.loader import gguf_int8, gguf_kept_types, load_model
     from localpaged.quant import cpu_w6
-    from localpaged.quant.q8_linear import Q8Linear
+    from localpaged.quant.joined_linear import JoinedLinear
     from localpaged.quant.w6_linear import W6Embedding, W6Linear
 
     path = write_tiny_gguf(tmp_path / "iq4nl.gguf", "IQ4_NL", tie=True, types=IQ4_MIXED)
@@ -274,8 +276,9 @@ def test_an_iq4_nl_file_keeps_its_code_book(tmp_path: Path, cpu_variant: str) ->
     assert (model.compute_logits(x) - want).abs().max() <= 0.02 * want.abs().max()
     model.fuse_projections()
     qkv = model.model.layers[0].self_attn.qkv_proj
-    assert isinstance(qkv, Q8Linear)  # IQ4_NL q and k with a Q5_0 v: int8 blocks
-    want_qkv = torch.cat([dense[f"{P}self_attn.{x}_proj.weight"] for x in "qkv"])
-    assert torch.equal(qkv.blocks().dequantize(), want_qkv)
+    assert isinstance(qkv, JoinedLinear)  # IQ4_NL q and k with a Q5_0 v: each its own form
+    for x, part in zip("qkv", qkv.parts, strict=True):
+        assert torch.equal(part.dequantize(), dense[f"{P}self_attn.{x}_proj.weight"]), x
+    assert qkv.parts[0].zero_point == cpu_w6.NL and qkv.parts[2].high is not None
     gate_up = model.model.layers[0].mlp.gate_up_proj
     assert isinstance(gate_up, W6Linear) and gate_up.zero_point == cpu_w6.NL

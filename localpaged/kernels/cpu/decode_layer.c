@@ -27,6 +27,11 @@ struct w4_layer {
     int zero_point;      /* the form of sb (int8_dot.c; quads): 0, > 0 or I8_KQ */
     const int32_t *perm; /* act-order GPTQ: column i of the weight is input channel perm[i]
                           * (x is gathered in that order first); NULL: in order */
+    /* Or `n_parts` matrices of one input side by side (their outputs' columns in order), each
+     * in its own form where joining them would widen some (a Q4_K_M file's q/k in Q4_K, v in
+     * Q6_K); the fields above then unused but k and n. */
+    const struct w4_layer *parts;
+    int n_parts;
 };
 
 struct decode_layer {

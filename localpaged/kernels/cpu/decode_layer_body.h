@@ -55,7 +55,29 @@ static void DL_FN(silu_and_mul)(const DL_T *gate_up, DL_T *out, int rows, int in
     }
 }
 
+static int DL_FN(linear)(const struct w4_layer *w, const DL_T *x, DL_T *y, int rows, int threads);
+
+/* The parts of a joined layer, each into its columns of y [rows][w->n] (through scratch rows
+ * where there are several rows). */
+static int DL_FN(joined_linear)(const struct w4_layer *w, const DL_T *x, DL_T *y, int rows,
+                                int threads) {
+    int widest = 0;
+    for (int p = 0; p < w->n_parts; p++) widest = w->parts[p].n > widest ? w->parts[p].n : widest;
+    DL_T *part_y = rows > 1 ? malloc(sizeof(DL_T) * (size_t)rows * widest) : NULL;
+    if (rows > 1 && part_y == NULL) return -1;
+    int rc = 0;
+    for (int p = 0, at = 0; p < w->n_parts && rc == 0; at += w->parts[p++].n) {
+        const struct w4_layer *part = &w->parts[p];
+        if ((rc = DL_FN(linear)(part, x, rows > 1 ? part_y : y + at, rows, threads))) break;
+        for (int m = 0; rows > 1 && m < rows; m++)
+            memcpy(y + (size_t)m * w->n + at, part_y + (size_t)m * part->n, sizeof(DL_T) * part->n);
+    }
+    free(part_y);
+    return rc;
+}
+
 static int DL_FN(linear)(const struct w4_layer *w, const DL_T *x, DL_T *y, int rows, int threads) {
+    if (w->n_parts > 0) return DL_FN(joined_linear)(w, x, y, rows, threads);
     DL_T *gathered = NULL;
     if (w->perm != NULL) { /* act-order: the input channels in the weight's column order */
         gathered = malloc(sizeof(DL_T) * (size_t)rows * w->k);
@@ -188,7 +210,7 @@ int DL_FN(decode_layer)(const struct decode_step *s, const struct decode_layer *
 
     DL_FN(add_rms_norm)(x, residual, residual, l->post_norm, normed, b, s->hidden, s->eps,
                         s->threads);
-    if (l->gate_up.packed == NULL && l->gate_up.codes8 == NULL) {
+    if (l->gate_up.packed == NULL && l->gate_up.codes8 == NULL && l->gate_up.n_parts == 0) {
         /* No MLP here (a mixture of experts, run by the caller): x is its input. */
         memcpy(x, normed, sizeof(DL_T) * (size_t)b * s->hidden);
         goto done;
