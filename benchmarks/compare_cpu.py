@@ -121,9 +121,10 @@ def run_localpaged(model: str, w: dict, variant: str) -> dict:
     client = LocalClient.from_model(model, enable_prefix_caching=caching,
                                     max_num_batched_tokens=512)
     engine = client.engine
-    # Two threads may still run after load: a GGUF's saved tokenizer building the transformers
-    # one (chat templates, 2-3 s), and at a model's first load with this code the writer of
-    # its packed weights (packed_cache, seconds for 1 GB). The workloads start after both, as
+    # Work may still go on after load: a GGUF's saved tokenizer building the transformers
+    # one (chat templates, 2-3 s), at a model's first load with this code the writer of its
+    # packed weights (packed_cache, seconds for 1 GB), and the engine's move of the weights
+    # into huge pages while idle (a second a GB). The workloads start after all, as
     # a user's chats do after the first minutes (a first chat message waits for the template
     # anyway). Run beside the first workloads they took a core from the kernels' OpenMP team:
     # a 1B model's first prompt and decode steps ran at 1/3 to 1/7 of their speed, by chance
@@ -134,6 +135,7 @@ def run_localpaged(model: str, w: dict, variant: str) -> dict:
     from localpaged.model import packed_cache
 
     packed_cache.wait_for_writes()
+    client.async_engine.idle_work_done.wait()  # the weights' move into huge pages
 
     def params(n: int) -> SamplingParams:
         return SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)

@@ -6,9 +6,11 @@ Each engine runs in a fresh process, one after the other (never at once), `--rep
 the file read once before so both find it in the page cache (this times the load, not the
 disk). A process imports its engine, loads the model, reads a 16-token prompt and returns one
 token (greedy); the parent times it from spawn to the line the process prints with its first
-token (what follows, the interpreter's exit, is not the user's wait). Peak RSS is the child's
-maximum resident set (`ru_maxrss`), which counts the pages of a memory-mapped file it has
-touched, as llama.cpp's weights are. llama.cpp gets `n_ctx=2048`; localpaged its default KV pool (pages
+token (what follows, the interpreter's exit, is not the user's wait). localpaged runs the
+engine behind `localpaged chat` and the API (`LocalClient`). Peak RSS is the child's maximum
+resident set (`ru_maxrss`), which counts the pages of a memory-mapped file it has touched, as
+llama.cpp's weights are; for localpaged taken after its work after load is done too (the
+weights' move into huge pages while idle, the tokenizer's build). llama.cpp gets `n_ctx=2048`; localpaged its default KV pool (pages
 taken as written). The machine's CPU flags are printed first.
 
     python benchmarks/first_token.py MODEL.gguf [MODEL.gguf | AWQ_OR_GPTQ_FOLDER ...] [--repeats 3]
@@ -32,19 +34,34 @@ HERE = Path(__file__).resolve().parent
 MARK = "FIRST_TOKEN_RESULT "
 PROMPT = list(range(1000, 1016))
 
+# The engine behind `localpaged chat` and the API (what a user waits on). After its first
+# token the process waits until the engine's work after load (the weights' move into huge
+# pages, while idle) and the tokenizer's build are done: the peak RSS counts those too.
 LOCALPAGED = r"""
-import json, resource, sys, time
+import asyncio, json, resource, sys, time
 t0 = time.perf_counter()
-from localpaged import LLM, SamplingParams
+from localpaged import SamplingParams
+from localpaged.engine.async_engine import LocalClient
 t1 = time.perf_counter()
-llm = LLM(sys.argv[1])
+client = LocalClient.from_model(sys.argv[1])
 t2 = time.perf_counter()
-out = llm.generate([json.loads(sys.argv[2])], SamplingParams(temperature=0, max_tokens=1,
-                                                             ignore_eos=True))
+
+async def first() -> None:
+    params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+    async for _ in client.generate(json.loads(sys.argv[2]), params):
+        pass
+
+asyncio.run(first())
 t3 = time.perf_counter()
+rss = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 print(sys.argv[3] + json.dumps({"import_s": t1 - t0, "load_s": t2 - t1, "token_s": t3 - t2,
-                                "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}),
-      flush=True)
+                                "rss_mib": rss()}), flush=True)
+client.async_engine.idle_work_done.wait()
+hf = getattr(client.engine.tokenizer, "hf", None)
+if hf is not None and hasattr(hf, "wait_ready"):
+    hf.wait_ready()
+print(sys.argv[3] + json.dumps({"settled_rss_mib": rss()}), flush=True)
+client.async_engine.close()
 """
 
 LLAMA_CPP = r"""
@@ -77,11 +94,15 @@ def run(python: str, code: str, model: str) -> dict[str, float]:
             if ln.startswith(MARK):
                 wall, line = time.perf_counter() - t, ln
                 break
-        proc.communicate()
+        rest, _ = proc.communicate()
         err.seek(0)
         if proc.returncode != 0 or line is None:
             raise RuntimeError(f"{python} failed on {model}:\n{err.read()[-2000:]}")
-    return {**json.loads(line.removeprefix(MARK)), "wall_s": wall}
+    out = {**json.loads(line.removeprefix(MARK)), "wall_s": wall}
+    for ln in rest.splitlines():  # a later peak (localpaged's work after its first token)
+        if ln.startswith(MARK):
+            out["rss_mib"] = max(out["rss_mib"], json.loads(ln.removeprefix(MARK))["settled_rss_mib"])
+    return out
 
 
 def main() -> None:

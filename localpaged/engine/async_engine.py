@@ -23,6 +23,9 @@ from localpaged.engine.request import SamplingParams
 
 log = logging.getLogger(__name__)
 
+# An idle engine whose work between steps waits (on the packed-weights writer) looks again
+# this often.
+IDLE_RETRY_S = 0.1
 # Requests arriving at an idle engine: how long the inbox must stay unchanged before the first
 # step, and the longest wait (see AsyncEngine._settle).
 SETTLE_QUIET_S = 0.001
@@ -92,6 +95,7 @@ class AsyncEngine:
         self._wake = threading.Event()
         self._streams: dict[str, RequestStream] = {}
         self._closed = False
+        self.idle_work_done = threading.Event()  # set once the weights are in huge pages
         ready = threading.Event()
         failure: list[BaseException] = []
 
@@ -152,10 +156,11 @@ class AsyncEngine:
                 return
             if not self.engine.has_unfinished_requests():
                 self._stats = self.engine.stats()
-                self._wake.wait()
+                self._idle()
                 self._wake.clear()
                 self._settle()
                 continue
+            self._idle_work(busy=True)
             try:
                 outputs = self.engine.step()
             except Exception as exc:  # keep serving: fail what was running, not the engine
@@ -165,6 +170,29 @@ class AsyncEngine:
             for out in outputs:
                 self._deliver(out)
             self._stats = self.engine.stats()
+
+    def _idle(self) -> None:
+        """Wait to be woken; meanwhile the engine's work left after load, a piece at a time
+        (`LLMEngine.idle_work`: the weights' move into huge pages)."""
+        while not self._wake.is_set():
+            state = self._idle_work()
+            if state == "done":
+                self._wake.wait()
+            elif state == "blocked":
+                self._wake.wait(IDLE_RETRY_S)
+
+    def _idle_work(self, busy: bool = False) -> str:
+        if self.idle_work_done.is_set():
+            return "done"
+        try:
+            state = self.engine.idle_work(busy)
+        except Exception:  # the weights stay where they are; the engine goes on
+            log.exception("work between steps failed")
+            state = "done"
+            self.engine.drop_idle_work()
+        if state == "done":
+            self.idle_work_done.set()
+        return state
 
     def _settle(self) -> None:
         """Wait, after an idle engine is woken, until the inbox stops growing (SETTLE_QUIET_S

@@ -47,6 +47,11 @@ class StepOutput:
     embedding: list[float] | None = None  # an embedding request's vector (it ends with it)
 
 
+# A busy engine (requests running back to back) still moves its weights into huge pages, a
+# piece (huge_pages.STEP_BYTES) between two steps at most this often.
+BUSY_MOVE_EVERY_S = 1.0
+
+
 class LLMEngine:
     """Continuous batching over one loaded model. Not thread-safe: AsyncEngine drives it
     from one thread."""
@@ -92,6 +97,51 @@ class LLMEngine:
         self.stop_checkers: dict[str, StopChecker] = {}
         self.steps = 0
         self._ids = itertools.count()
+        from localpaged.model import huge_pages
+
+        self._mover = (huge_pages.WeightMover(model, getattr(model, "weights_file_mapped", False))
+                       if self.device.type == "cpu" and huge_pages.available() else None)
+        self._last_move = 0.0
+
+    # -- work between steps ----------------------------------------------------------------
+    def idle_work(self, busy: bool = False) -> str:
+        """One piece of the work left after load: the weights' move into huge pages
+        (model/huge_pages.py). "moved" (call again), "blocked" (the packed-weights writer's
+        snapshot still holds the packed tensors, or `busy` and a piece moved less than
+        BUSY_MOVE_EVERY_S ago: later), or "done". `busy`: requests are running, so a busy
+        engine gets there too, a piece at a time."""
+        mover = self._mover
+        if mover is None:
+            return "done"
+        from localpaged.model import packed_cache
+
+        if packed_cache.writing():
+            return "blocked"
+        if busy and time.monotonic() - self._last_move < BUSY_MOVE_EVERY_S:
+            return "blocked"
+        mover.step()
+        self._last_move = time.monotonic()
+        if getattr(self.model, "cpu_decode", None) is not None:  # it points into the weights
+            from localpaged.kernels.decode_layer import CpuDecodePlan
+
+            self.model.cpu_decode = CpuDecodePlan.build(self.model)
+        if mover.done:
+            self._mover = None
+            return "done"
+        return "moved"
+
+    def drop_idle_work(self) -> None:
+        """Leave the work between steps undone (after it failed: the weights stay put)."""
+        self._mover = None
+
+    def finish_idle_work(self) -> None:
+        """Do all of `idle_work` now (waiting for the packed-weights writer first)."""
+        from localpaged.model import packed_cache
+
+        if self._mover is not None:
+            packed_cache.wait_for_writes()
+        while self.idle_work() != "done":
+            pass
 
     @classmethod
     def from_args(cls, args: EngineArgs) -> LLMEngine:

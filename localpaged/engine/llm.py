@@ -25,6 +25,7 @@ class LLM:
     def __init__(self, model: str, **engine_args: Any) -> None:
         engine_args.setdefault("max_step_ms", 0)
         self.engine = LLMEngine.from_args(EngineArgs(model=str(model), **engine_args))
+        self.engine.finish_idle_work()  # no idle time here: the weights' move now
 
     def get_tokenizer(self) -> Any:
         return self.engine.tokenizer

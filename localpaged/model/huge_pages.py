@@ -8,9 +8,10 @@ in transparent huge pages). Linux gives anonymous memory huge pages where asked
 (`madvise(MADV_HUGEPAGE)`, the default "madvise" mode of transparent_hugepage); elsewhere, or
 where they are off, the weights stay where they are.
 
-The move copies one tensor at a time and lets its source go right after (a packed tensor is
-freed, a file-mapped one's pages dropped from the process), so the peak is the weights and one
-tensor, not twice the weights.
+The move copies one storage at a time and lets its source go right after (a packed tensor is
+freed, a file-mapped one's pages dropped from the process), so the peak is the weights and a
+step's worth, not twice the weights. The engine moves them while it is idle (`WeightMover`);
+`LLM` at load.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from torch import nn
 
 HUGE_PAGE = 2 << 20
 SMALLEST = 1 << 16  # tensors below this stay where they are (norms, biases)
-TRIM_EVERY = 128 << 20  # bytes moved between returns of the freed sources to the system
+STEP_BYTES = 32 << 20  # bytes a step of the engine's idle work moves
 _THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 
@@ -56,58 +57,90 @@ def _drop_pages(storage: torch.UntypedStorage) -> None:
         _madvise(first, last - first, mmap.MADV_DONTNEED)
 
 
+class WeightMover:
+    """Moves `model`'s large buffers and parameters (CPU) into one huge-page block, a piece
+    at a time (`step`), in place: the engine moves them while it is idle, so that a load is
+    not longer for it (first touches of fresh 2 MiB pages cost up to 1 s a GiB on a VM that
+    hands free memory back to its host) and chats start at once. A storage held by several
+    modules or tensors moves once; `drop_sources`: they are file-mapped (the packed-weights
+    cache), their pages are dropped after each copy. Whatever points into the weights (the
+    native decode plan) must be rebuilt after a step that moved something."""
+
+    def __init__(self, model: nn.Module, drop_sources: bool = False) -> None:
+        self.drop_sources = drop_sources
+        # By storage: tensors viewing one storage (a tied weight, slices of one) move
+        # together, as views of its one copy.
+        self._holders: dict[int, list[tuple[dict, str, torch.Tensor]]] = {}
+        for module in model.modules():
+            for store in (module._buffers, module._parameters):
+                for name, t in store.items():
+                    if (t is not None and t.device.type == "cpu"
+                            and t.untyped_storage().nbytes() >= SMALLEST):
+                        key = t.untyped_storage().data_ptr()
+                        self._holders.setdefault(key, []).append((store, name, t))
+        self._sizes = {key: -(-views[0][2].untyped_storage().nbytes() // 4096) * 4096
+                       for key, views in self._holders.items()}
+        self.total = sum(self._sizes.values())
+        self._memory: memoryview | None = None
+        self._at = 0
+
+    @property
+    def done(self) -> bool:
+        return not self._holders
+
+    def _arena(self) -> memoryview:
+        # An anonymous mapping, each storage on a slice of it (a storage of its own:
+        # torch.save, of the packed-weights cache, takes storages of one type each); the
+        # slices keep the mapping alive while any tensor is.
+        arena = mmap.mmap(-1, self.total + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        address = ctypes.addressof(ctypes.c_char.from_buffer(arena))
+        self._at = (-address) % HUGE_PAGE  # from a 2 MiB boundary
+        arena.madvise(mmap.MADV_HUGEPAGE, self._at, self.total)
+        return memoryview(arena)
+
+    def step(self, budget: int = STEP_BYTES) -> int:
+        """Move storages until `budget` bytes moved (at least one); returns the bytes moved."""
+        if self.done:
+            return 0
+        if self._memory is None:
+            self._memory = self._arena()
+        moved_bytes = 0
+        while self._holders and moved_bytes < budget:
+            key = next(iter(self._holders))
+            views = self._holders.pop(key)
+            source = views[0][2].untyped_storage()
+            n = source.nbytes()
+            copy = torch.frombuffer(self._memory[self._at:self._at + n], dtype=torch.uint8)
+            copy.copy_(torch.empty(0, dtype=torch.uint8).set_(source))
+            made: dict[int, torch.Tensor] = {}  # a tensor held twice stays one tensor
+            for store, name, t in views:
+                if store.get(name) is not t:  # replaced since: leave it
+                    continue
+                if id(t) not in made:
+                    moved = torch.empty(0, dtype=t.dtype).set_(
+                        copy.untyped_storage(), t.storage_offset(), t.size(), t.stride())
+                    made[id(t)] = (nn.Parameter(moved, requires_grad=False)
+                                   if isinstance(t, nn.Parameter) else moved)
+                store[name] = made[id(t)]
+            if self.drop_sources:
+                _drop_pages(source)
+            del views, source, made  # a packed source is freed here, unless held elsewhere
+            self._at += self._sizes.pop(key)
+            moved_bytes += n
+        _return_freed_memory()
+        if self.done:
+            self._memory = None  # the tensors keep the mapping
+        return moved_bytes
+
+
 def move_weights(model: nn.Module, drop_sources: bool = False) -> int:
-    """Move `model`'s large buffers and parameters (CPU) into one huge-page block, in place;
-    `drop_sources`: they are file-mapped (the packed-weights cache), drop their pages after
-    each copy. A storage held by several modules or tensors moves once. Returns the bytes
-    moved (0: none)."""
+    """`WeightMover` all at once, where huge pages are available. Returns the bytes moved."""
     if not available():
         return 0
-    # By storage: tensors viewing one storage (a tied weight, slices of one) move together,
-    # as views of its one copy.
-    holders: dict[int, list[tuple[dict, str, torch.Tensor]]] = {}
-    for module in model.modules():
-        for store in (module._buffers, module._parameters):
-            for name, t in store.items():
-                if t is not None and t.device.type == "cpu" and t.untyped_storage().nbytes() >= SMALLEST:
-                    holders.setdefault(t.untyped_storage().data_ptr(), []).append((store, name, t))
-    if not holders:
-        return 0
-    sizes = {key: -(-views[0][2].untyped_storage().nbytes() // 4096) * 4096
-             for key, views in holders.items()}
-    total = sum(sizes.values())
-    # An anonymous mapping, each storage on a slice of it (a storage of its own: torch.save,
-    # of the packed-weights cache, takes storages of one type each); the slices keep the
-    # mapping alive while any tensor is.
-    arena = mmap.mmap(-1, total + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    address = ctypes.addressof(ctypes.c_char.from_buffer(arena))
-    start = (-address) % HUGE_PAGE  # from a 2 MiB boundary
-    arena.madvise(mmap.MADV_HUGEPAGE, start, total)
-    memory = memoryview(arena)
-    at = trimmed = start
-    for key in list(holders):
-        views = holders.pop(key)
-        source = views[0][2].untyped_storage()
-        n = source.nbytes()
-        copy = torch.frombuffer(memory[at:at + n], dtype=torch.uint8)
-        copy.copy_(torch.empty(0, dtype=torch.uint8).set_(source))
-        made: dict[int, torch.Tensor] = {}  # a tensor held twice stays one tensor
-        for store, name, t in views:
-            if id(t) not in made:
-                moved = torch.empty(0, dtype=t.dtype).set_(copy.untyped_storage(),
-                                                           t.storage_offset(), t.size(), t.stride())
-                made[id(t)] = (nn.Parameter(moved, requires_grad=False)
-                               if isinstance(t, nn.Parameter) else moved)
-            store[name] = made[id(t)]
-        if drop_sources:
-            _drop_pages(source)
-        del views, source, made  # a packed source is freed here, unless something else holds it
-        at += sizes[key]
-        if at - trimmed >= TRIM_EVERY:
-            _return_freed_memory()
-            trimmed = at
-    _return_freed_memory()
-    return total
+    mover = WeightMover(model, drop_sources)
+    while not mover.done:
+        mover.step()
+    return mover.total
 
 
 def _return_freed_memory() -> None:

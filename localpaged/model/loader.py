@@ -221,16 +221,11 @@ def load_inference_model(
     """`load_model`, its projections joined for inference. On the CPU a GGUF, or an AWQ /
     GPTQ folder, comes from the packed-weights cache when this build loaded it before (see
     localpaged.model.packed_cache), else is packed now and kept there for the next load."""
-    from localpaged.model import huge_pages
-
     path = Path(path)
-    on_cpu = torch.device(device).type == "cpu"
     source = _packed_source(path, dtype, device)
     if source is None:
         model, config = load_model(path, dtype, device)
         model.fuse_projections()
-        if on_cpu:
-            huge_pages.move_weights(model)
         return model, config
     from localpaged.model import packed_cache
 
@@ -241,13 +236,10 @@ def load_inference_model(
     if cached is not None:
         print(f"localpaged: packed weights mapped from {packed_cache.entry_path(stem, key)}",
               file=sys.stderr, flush=True)
-        if on_cpu:
-            huge_pages.move_weights(cached, drop_sources=True)
+        cached.weights_file_mapped = True  # the engine moves them (huge_pages.WeightMover)
         return cached, config
     model, config = load_model(path, dtype, device)
     model.fuse_projections()
-    if on_cpu:
-        huge_pages.move_weights(model)
     size = packed_cache.tensor_bytes(model)
     if packed_cache.save_in_background(model, stem, key, size) is not None:
         print(f"localpaged: keeping the packed weights for the next load ({size / 2**30:.2f} "

@@ -130,6 +130,12 @@ def save_in_background(model: Any, stem: str, key: str, size: int) -> threading.
     return thread
 
 
+def writing() -> bool:
+    """Whether a background write of this process is still going (its snapshot holds the
+    packed tensors it writes)."""
+    return any(thread.is_alive() for thread in _writers)
+
+
 def wait_for_writes() -> None:
     """Wait until every background write of this process has ended."""
     while _writers:
