@@ -118,13 +118,16 @@ def save_in_background(model: Any, stem: str, key: str, size: int) -> threading.
     """`save` on a thread of its own (writing a model's packed weights takes seconds; the
     writes leave the interpreter free), of a copy of the module tree made now, so that what
     the engine changes on `model` afterwards (its decode plan, an int8 output layer) is not
-    in the file. The thread is not a daemon: a process that ends sooner waits for it.
+    in the file. The thread is not a daemon, whatever thread starts it (a thread started by
+    a daemon, as the chat engine's loading thread is, is one by default: the interpreter's
+    exit then stopped it mid-write, unwinding torch's C++ frames: abort, the file never
+    written): a process that ends sooner waits for it.
     Returns the thread, or None when nothing is to be written."""
     if not limit_bytes() or size > limit_bytes():
         return None
     snapshot = module_tree_copy(model)
     thread = threading.Thread(target=save, args=(snapshot, stem, key, size),
-                              name="localpaged-packed-cache")
+                              name="localpaged-packed-cache", daemon=False)
     thread.start()
     _writers.append(thread)
     return thread

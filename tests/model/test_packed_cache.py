@@ -173,3 +173,24 @@ def test_a_quantized_folder_is_kept_too(tiny_llama: Path, tmp_path: Path, cache:
     load_model(tiny_llama, dtype="float32")
     packed_cache.wait_for_writes()
     assert packed_cache.entries() == [entry]
+
+
+def test_a_load_on_a_daemon_thread_still_writes_before_the_process_ends(
+        smollm_gguf: Path, tmp_path: Path) -> None:
+    """The chat engine loads on a daemon thread, and a thread's children are daemons by
+    default: a process ending right after its first load (a quick chat) was stopped mid-write
+    (torch's C++ frames unwound: abort) and the entry never written. The writer waits."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, threading\n"
+        "from localpaged.model.loader import load_inference_model\n"
+        "t = threading.Thread(target=load_inference_model, args=(sys.argv[1],), daemon=True)\n"
+        "t.start(); t.join()\n"
+    )
+    env = {**__import__("os").environ, packed_cache.ENV_DIR: str(tmp_path), packed_cache.ENV_GB: "4"}
+    done = subprocess.run([sys.executable, "-c", code, str(smollm_gguf)], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert [p.suffix for p in tmp_path.iterdir()] == [".pt"]  # written whole, no .tmp left
