@@ -129,13 +129,13 @@ def run_localpaged(model: str, w: dict, variant: str) -> dict:
     # anyway). Run beside the first workloads they took a core from the kernels' OpenMP team:
     # a 1B model's first prompt and decode steps ran at 1/3 to 1/7 of their speed, by chance
     # of timing. first_token.py times the load itself.
+    client.async_engine.idle_work_done.wait()  # the move into huge pages; the build started
     wait_ready = getattr(getattr(engine.tokenizer, "hf", None), "wait_ready", None)
     if wait_ready is not None:
         wait_ready()
     from localpaged.model import packed_cache
 
     packed_cache.wait_for_writes()
-    client.async_engine.idle_work_done.wait()  # the weights' move into huge pages
 
     def params(n: int) -> SamplingParams:
         return SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)

@@ -26,6 +26,9 @@ log = logging.getLogger(__name__)
 # An idle engine whose work between steps waits (on the packed-weights writer) looks again
 # this often.
 IDLE_RETRY_S = 0.1
+# The work after load starts once the engine has been idle this long: a request sent at once
+# (an editor's, a script's) runs first, alone; a chat's first message takes longer to type.
+IDLE_BEFORE_WORK_S = 0.3
 # Requests arriving at an idle engine: how long the inbox must stay unchanged before the first
 # step, and the longest wait (see AsyncEngine._settle).
 SETTLE_QUIET_S = 0.001
@@ -96,6 +99,7 @@ class AsyncEngine:
         self._streams: dict[str, RequestStream] = {}
         self._closed = False
         self.idle_work_done = threading.Event()  # set once the weights are in huge pages
+        self._build_tokenizer: Callable[[], None] | None = None
         ready = threading.Event()
         failure: list[BaseException] = []
 
@@ -103,11 +107,10 @@ class AsyncEngine:
             try:
                 self.engine = engine() if callable(engine) else engine
                 self._stats = self.engine.stats()
-                # Chats (the UI's, the API's) need the template: have it built meanwhile.
+                # Chats (the UI's, the API's) need the template: have it built once the
+                # engine is idle (see _idle).
                 hf = getattr(self.engine.tokenizer, "hf", None)
-                start = getattr(hf, "start_background", None)
-                if start is not None:
-                    start()
+                self._build_tokenizer = getattr(hf, "start_background", None)
             except BaseException as exc:  # handed to the constructor's caller
                 failure.append(exc)
                 return
@@ -172,8 +175,16 @@ class AsyncEngine:
             self._stats = self.engine.stats()
 
     def _idle(self) -> None:
-        """Wait to be woken; meanwhile the engine's work left after load, a piece at a time
-        (`LLMEngine.idle_work`: the weights' move into huge pages)."""
+        """Wait to be woken; meanwhile, once idle for IDLE_BEFORE_WORK_S, the work left after
+        load: the tokenizer's build (a thread of its own: 2-3 s of Python importing
+        transformers, which took the interpreter from the first request's steps when it
+        started at load: 0.1 -> 0.9 s to a 1.7B model's first token), then the engine's own,
+        a piece at a time (`LLMEngine.idle_work`: the weights' move into huge pages)."""
+        if not self.idle_work_done.is_set() and self._wake.wait(IDLE_BEFORE_WORK_S):
+            return
+        if self._build_tokenizer is not None:
+            self._build_tokenizer()
+            self._build_tokenizer = None
         while not self._wake.is_set():
             state = self._idle_work()
             if state == "done":
