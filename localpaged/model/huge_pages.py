@@ -133,16 +133,6 @@ class WeightMover:
         return moved_bytes
 
 
-def move_weights(model: nn.Module, drop_sources: bool = False) -> int:
-    """`WeightMover` all at once, where huge pages are available. Returns the bytes moved."""
-    if not available():
-        return 0
-    mover = WeightMover(model, drop_sources)
-    while not mover.done:
-        mover.step()
-    return mover.total
-
-
 def _return_freed_memory() -> None:
     """Give the heap's free memory back to the system (glibc keeps the freed sources of up to
     32 MiB each in its heap: 0.4 GiB of a 1.7B model's packing, resident for good)."""

@@ -52,10 +52,8 @@ def fuse_linears(layers: list[nn.Module]) -> nn.Module:
 
     if not joins_exactly(layers):  # CPU layers of different forms: each keeps its own bytes
         return JoinedLinear(layers)
-    if any(isinstance(layer, Q8Linear) for layer in layers) or not W6Linear.joins(layers):
-        return Q8Linear.concat(layers)  # int8 blocks, maybe mixed with 4-bit or IQ4_NL
-    if any(isinstance(layer, W6Linear) for layer in layers):  # 6-bit, maybe mixed with 4-bit
-        return W6Linear.concat(layers)
+    if isinstance(first, (Q8Linear, W6Linear)):  # all of one form: one matrix of it
+        return type(first).concat(layers)
     if any(type(layer) is not type(first) for layer in layers):
         raise ValueError("cannot join layers of different kinds")
     if any((layer.bias is None) != (first.bias is None) for layer in layers):

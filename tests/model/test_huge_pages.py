@@ -30,24 +30,33 @@ class _Tiny(nn.Module):
         self.register_buffer("small", torch.ones(8))  # stays where it is
 
 
-def _huge_kib(address: int) -> int:
-    """AnonHugePages of the mapping holding `address` (this process's smaps)."""
+def _smaps_kib(address: int, field: str) -> int:
+    """`field` (e.g. "Rss", "AnonHugePages") of the mapping holding `address`, in KiB (this
+    process's smaps)."""
     inside = False
     for line in Path("/proc/self/smaps").read_text().splitlines():
         head = line.split()[0]
         if "-" in head and ":" not in head:
             lo, hi = (int(x, 16) for x in head.split("-"))
             inside = lo <= address < hi
-        elif inside and head == "AnonHugePages:":
+        elif inside and head == field + ":":
             return int(line.split()[1])
     return 0
+
+
+def _move(model: nn.Module, drop_sources: bool = False) -> int:
+    """The engine's move, all at once; the bytes moved."""
+    mover = huge_pages.WeightMover(model, drop_sources)
+    while not mover.done:
+        mover.step()
+    return mover.total
 
 
 def test_values_and_sharing_are_kept() -> None:
     model = _Tiny()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     small = model.small
-    moved = huge_pages.move_weights(model)
+    moved = _move(model)
     assert moved >= (1 << 20) + 2 * 65536 * 4 + 120000 + (4 << 20)
     for k, v in model.state_dict().items():
         assert torch.equal(v, before[k]), k
@@ -65,23 +74,23 @@ def test_values_and_sharing_are_kept() -> None:
 
 def test_the_block_starts_on_a_huge_page_boundary_and_gets_huge_pages() -> None:
     model = _Tiny()
-    huge_pages.move_weights(model)
+    _move(model)
     starts = sorted(t.untyped_storage().data_ptr()
                     for t in (model.a.weight, model.first, model.codes, model.wide))
     assert starts[0] % huge_pages.HUGE_PAGE == 0
-    assert _huge_kib(starts[0]) >= 2048  # the first 2 MiB at least (khugepaged aside)
+    assert _smaps_kib(starts[0], "AnonHugePages") >= 2048  # the first 2 MiB at least (khugepaged aside)
 
 
 def test_a_moved_model_saves_and_loads(tmp_path: Path) -> None:
     """Each storage is one of its own (torch.save refuses views of one storage as several
     types: what the packed-weights cache writes)."""
     model = _Tiny()
-    huge_pages.move_weights(model)
+    _move(model)
     torch.save(model, tmp_path / "m.pt")
     back = torch.load(tmp_path / "m.pt", mmap=True, weights_only=False)
     for k, v in model.state_dict().items():
         assert torch.equal(back.state_dict()[k], v), k
-    assert huge_pages.move_weights(back, drop_sources=True) > 0
+    assert _move(back, drop_sources=True) > 0
     for k, v in model.state_dict().items():
         assert torch.equal(back.state_dict()[k], v), k
     assert back.b.weight is back.a.weight
@@ -98,18 +107,7 @@ def test_a_file_mapped_source_leaves_the_process(tmp_path: Path) -> None:
     assert int(source.sum()) == int(big.w.sum())  # every page of the file mapped in
     address = source.data_ptr()
 
-    def rss_kib_of(addr: int) -> int:
-        inside = False
-        for line in Path("/proc/self/smaps").read_text().splitlines():
-            head = line.split()[0]
-            if "-" in head and ":" not in head:
-                lo, hi = (int(x, 16) for x in head.split("-"))
-                inside = lo <= addr < hi
-            elif inside and head == "Rss:":
-                return int(line.split()[1])
-        return 0
-
-    assert rss_kib_of(address) >= 60 << 10
-    huge_pages.move_weights(mapped, drop_sources=True)
-    assert rss_kib_of(address) < 1 << 10
+    assert _smaps_kib(address, "Rss") >= 60 << 10
+    _move(mapped, drop_sources=True)
+    assert _smaps_kib(address, "Rss") < 1 << 10
     assert torch.equal(mapped.w, big.w)
