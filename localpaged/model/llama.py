@@ -31,8 +31,8 @@ KVCache = tuple[torch.Tensor, torch.Tensor]
 # Prompt chunks take the native decode plan, one row per token (see `_run_mixed`), up to
 # (tokens, tokens x context) by the model's dtype; longer ones the torch layers, whose
 # batched attention scales better with the context. The plan saves the torch layers' fixed
-# cost (~15 ms a step on SmolLM2) and their elementwise ops. bfloat16: the plan's attention
-# costs ~4x torch's per query and context token (Sapphire Rapids: torch's is AMX's), so only
+# cost (~15 ms a step on SmolLM2) and their elementwise ops. bfloat16 on AMX: the plan's
+# attention costs ~4x torch's per query and context token (torch's is AMX's), so only
 # short chunks (16 tokens at context 2000, 64 at 500). float32 (the int8 builds): a 512-token
 # prompt reads 901 against 768 tok/s through the torch layers (SmolLM2, avx2; 1698 against
 # 1196 avx512vnni), a 2048-token one 573 against 627 (avx2), so chunks up to context 1024.
@@ -40,6 +40,18 @@ NATIVE_LIMITS: dict[torch.dtype, tuple[int, int]] = {
     torch.bfloat16: (64, 32768),
     torch.float32: (512, 512 * 1024),
 }
+
+
+def native_limits(dtype: torch.dtype) -> tuple[int, int]:
+    """`NATIVE_LIMITS` for a model computing in `dtype` on this CPU. bfloat16 without AMX
+    (AVX512-BF16: AMD Zen 4/5) takes the float32 limits: there torch's bf16 attention has no
+    tiles (SmolLM2 on Zen 5: ~70 GFLOP/s), and the plan read a 128 / 512 / 2048-token prompt
+    at 2617 / 2070 / 959 tok/s against 1953 / 1460 / 851 with the short limits."""
+    from localpaged.kernels import cpu_isa
+
+    if dtype == torch.bfloat16 and cpu_isa.chosen() != "amx":
+        dtype = torch.float32
+    return NATIVE_LIMITS.get(dtype, NATIVE_LIMITS[torch.bfloat16])
 
 
 def fuse_linears(layers: list[nn.Module]) -> nn.Module:
@@ -317,13 +329,13 @@ class LlamaForCausalLM(nn.Module):
     def _run_mixed(self, h: torch.Tensor, positions: torch.Tensor, kv_caches: list[KVCache],
                    meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(output, residual) of the last layer for a step with prompt chunks: decodes and
-        chunks within NATIVE_LIMITS (tokens, and tokens x context) through the native plan
+        chunks within `native_limits` (tokens, and tokens x context) through the native plan
         (each chunk token a row of its own, `token_rows`: no torch fixed cost per layer for a
         follow-up turn or a chunk beside decodes), longer chunks through the torch layers as a
         batch of their own. None when no request is short enough or the plan cannot run it."""
         starts = meta.query_start_loc.tolist()
         lens = [starts[i + 1] - starts[i] for i in range(len(starts) - 1)]
-        max_query, max_attention = NATIVE_LIMITS.get(h.dtype, NATIVE_LIMITS[torch.bfloat16])
+        max_query, max_attention = native_limits(h.dtype)
         native = [n <= max_query and (n == 1 or n * ctx <= max_attention)
                   for n, ctx in zip(lens, meta.seq_lens.tolist())]
         short = [i for i, yes in enumerate(native) if yes]

@@ -124,10 +124,11 @@ def test_mixed_step_splits_decodes_and_chunks_on_a_4bit_qwen2(
         tiny_qwen2: Path, step_builder: Callable, to_4bit: Callable, dtype: torch.dtype,
         native_max: int, max_attention: int, torch_rows: int,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """Chunks within NATIVE_LIMITS through the native plan (one row per token): up to its
+    """Chunks within `native_limits` through the native plan (one row per token): up to its
     tokens, unless their tokens times their context pass its second limit (C: 13 x 29, D:
     11 x 11); longer ones through the torch layers: all exact against their own steps."""
-    monkeypatch.setitem(llama.NATIVE_LIMITS, dtype, (native_max, max_attention))
+    for each in (torch.bfloat16, torch.float32):  # bf16 without AMX takes float32's limits
+        monkeypatch.setitem(llama.NATIVE_LIMITS, each, (native_max, max_attention))
     model, _ = load_model(tiny_qwen2, dtype=dtype)
     to_4bit(model)
     optimize_for_inference(model, torch.device("cpu"))
@@ -152,3 +153,17 @@ def test_mixed_step_splits_decodes_and_chunks_on_smollm(smollm_gguf: Path,
     model, _ = load_model(smollm_gguf, dtype=torch.float32)
     optimize_for_inference(model, torch.device("cpu"))
     _check_mixed_step(model, step_builder)
+
+
+@pytest.mark.parametrize(("isa", "dtype", "limits"), [
+    ("amx", torch.bfloat16, llama.NATIVE_LIMITS[torch.bfloat16]),
+    ("avx512bf16", torch.bfloat16, llama.NATIVE_LIMITS[torch.float32]),
+    ("amx", torch.float32, llama.NATIVE_LIMITS[torch.float32]),
+    ("avx2", torch.float32, llama.NATIVE_LIMITS[torch.float32])])
+def test_bf16_chunks_stay_short_only_where_torch_attention_has_amx(
+        isa: str, dtype: torch.dtype, limits: tuple[int, int],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from localpaged.kernels import cpu_isa
+
+    monkeypatch.setattr(cpu_isa, "chosen", lambda: isa)
+    assert llama.native_limits(dtype) == limits
