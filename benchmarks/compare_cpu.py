@@ -121,8 +121,8 @@ def run_localpaged(model: str, w: dict, variant: str) -> dict:
     client = LocalClient.from_model(model, enable_prefix_caching=caching,
                                     max_num_batched_tokens=512)
     engine = client.engine
-    # Work may still go on after load: a GGUF's saved tokenizer building the transformers
-    # one (chat templates, 2-3 s), at a model's first load with this code the writer of its
+    # Work may still go on after load: a tokenizer build someone started (the transformers
+    # one, 2-3 s; chat templates no longer need it), at a model's first load with this code the writer of its
     # packed weights (packed_cache, seconds for 1 GB), and the engine's move of the weights
     # into huge pages while idle (a second a GB). The workloads start after all, as
     # a user's chats do after the first minutes (a first chat message waits for the template

@@ -10,8 +10,8 @@ token (what follows, the interpreter's exit, is not the user's wait). localpaged
 engine behind `localpaged chat` and the API (`LocalClient`). Peak RSS is the child's maximum
 resident set (`ru_maxrss`), which counts the pages of a memory-mapped file it has touched, as
 llama.cpp's weights are: at the first token, and (the target's) once localpaged's work after
-load is done too (the weights' move into huge pages while idle, the chat template's
-tokenizer build). llama.cpp gets `n_ctx=2048`; localpaged its default KV pool (pages
+load is done too (the weights' move into huge pages while idle; the chat template renders
+without transformers, so no tokenizer build follows any more). llama.cpp gets `n_ctx=2048`; localpaged its default KV pool (pages
 taken as written). The machine's CPU flags are printed first.
 
     python benchmarks/first_token.py MODEL.gguf [MODEL.gguf | AWQ_OR_GPTQ_FOLDER ...] [--repeats 3]
@@ -37,7 +37,7 @@ PROMPT = list(range(1000, 1016))
 
 # The engine behind `localpaged chat` and the API (what a user waits on). After its first
 # token the process waits until the engine's work after load (the weights' move into huge
-# pages, while idle) and the tokenizer's build are done: the peak RSS counts those too.
+# pages, while idle) is done, and any tokenizer build started: the peak RSS counts those too.
 LOCALPAGED = r"""
 import asyncio, json, resource, sys, time
 t0 = time.perf_counter()

@@ -99,7 +99,6 @@ class AsyncEngine:
         self._streams: dict[str, RequestStream] = {}
         self._closed = False
         self.idle_work_done = threading.Event()  # set once the weights are in huge pages
-        self._build_tokenizer: Callable[[], None] | None = None
         ready = threading.Event()
         failure: list[BaseException] = []
 
@@ -107,10 +106,6 @@ class AsyncEngine:
             try:
                 self.engine = engine() if callable(engine) else engine
                 self._stats = self.engine.stats()
-                # Chats (the UI's, the API's) need the template: have it built once the
-                # engine is idle (see _idle).
-                hf = getattr(self.engine.tokenizer, "hf", None)
-                self._build_tokenizer = getattr(hf, "start_background", None)
             except BaseException as exc:  # handed to the constructor's caller
                 failure.append(exc)
                 return
@@ -175,16 +170,11 @@ class AsyncEngine:
             self._stats = self.engine.stats()
 
     def _idle(self) -> None:
-        """Wait to be woken; meanwhile, once idle for IDLE_BEFORE_WORK_S, the work left after
-        load: the tokenizer's build (a thread of its own: 2-3 s of Python importing
-        transformers, which took the interpreter from the first request's steps when it
-        started at load: 0.1 -> 0.9 s to a 1.7B model's first token), then the engine's own,
-        a piece at a time (`LLMEngine.idle_work`: the weights' move into huge pages)."""
+        """Wait to be woken; meanwhile, once idle for IDLE_BEFORE_WORK_S, the engine's work
+        left after load, a piece at a time (`LLMEngine.idle_work`: the weights' move into
+        huge pages)."""
         if not self.idle_work_done.is_set() and self._wake.wait(IDLE_BEFORE_WORK_S):
             return
-        if self._build_tokenizer is not None:
-            self._build_tokenizer()
-            self._build_tokenizer = None
         while not self._wake.is_set():
             state = self._idle_work()
             if state == "done":

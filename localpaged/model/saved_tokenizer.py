@@ -1,12 +1,10 @@
-"""A saved HF tokenizer (tokenizer.json + tokenizer_config.json) usable before transformers
-is imported.
+"""A saved HF tokenizer (tokenizer.json + tokenizer_config.json) usable without transformers.
 
-Importing transformers takes a second or two (it scans its model folders), longer than
-mapping a cached model's weights, so it would hold up every load. `SavedTokenizer` answers
-what needs only the `tokenizers` backend at once (encode, decode, the vocabulary, special
-tokens) and builds the transformers tokenizer for the rest (chat templates, xgrammar) when one
-of those is first asked for, or earlier on a thread of its own when an app that renders chats
-starts it at load (`start_background`: the engine behind the chat UI and the API does).
+Importing transformers takes a second or two (it scans its model folders) and ~100 MiB,
+longer than mapping a cached model's weights. `SavedTokenizer` answers what needs only the
+`tokenizers` backend (encode, decode, the vocabulary, special tokens, the chat template's
+text and variables: `localpaged.model.chat_template` renders it) and builds the transformers
+tokenizer for the rest (xgrammar's constrained output) when that is first asked for.
 
 Tokenizers are saved for this under `tokenizer_cache_dir(kind)`: those converted from GGUF
 metadata (`localpaged.model.gguf_loader`) and those transformers built for an HF folder
@@ -24,6 +22,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from localpaged.model.chat_template import special_tokens_of
+
 
 class SavedTokenizer:
     """The HF tokenizer saved in `folder`, the transformers object made by `load_full`."""
@@ -39,6 +39,7 @@ class SavedTokenizer:
         if template is None and jinja.is_file():
             template = jinja.read_text(encoding="utf-8")
         self.chat_template: str | None = template if isinstance(template, str) else None
+        self.special_tokens_map = special_tokens_of(config)  # what templates get as variables
         self.eos_token_id = self._special_id(config.get("eos_token"))
         self.bos_token_id = self._special_id(config.get("bos_token"))
         self.added_tokens_decoder = self.backend.get_added_tokens_decoder()
@@ -52,10 +53,9 @@ class SavedTokenizer:
         self._start_lock = threading.Lock()
 
     def start_background(self) -> None:
-        """Start building the transformers tokenizer on a thread of its own (once): what an app
-        that renders chats calls at load, so the template is ready by its first message. Not
-        started by default: its import of transformers is 2-3 s of Python and ~50 MiB that a
-        process of token-id prompts never needs, and beside the first steps it took a core
+        """Start building the transformers tokenizer on a thread of its own (once). Not
+        started by default: its import of transformers is 2-3 s of Python and ~100 MiB that
+        chats and token-id prompts never need, and beside the first steps it took a core
         from the kernels."""
         with self._start_lock:
             if self._started:

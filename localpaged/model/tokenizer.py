@@ -10,6 +10,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from localpaged.model import chat_template
+
 Message = dict[str, Any]
 
 # Used when the tokenizer ships no chat template: plain "Role: text" turns.
@@ -44,6 +46,9 @@ class Tokenizer:
         self.bos_token_id: int | None = hf_tokenizer.bos_token_id
         self.vocab_size: int = len(hf_tokenizer)
         self.chat_template: str | None = getattr(hf_tokenizer, "chat_template", None) or None
+        # What the template gets beside the messages (bos_token ...), as transformers hands it
+        self.special_tokens: dict[str, str] = dict(getattr(hf_tokenizer, "special_tokens_map",
+                                                           None) or {})
         # Whether the tokenizer's own encode puts a BOS first (then chat prompts need one).
         probe = hf_tokenizer.encode("a", add_special_tokens=True)
         self.adds_bos = self.bos_token_id is not None and probe[:1] == [self.bos_token_id]
@@ -89,10 +94,13 @@ class Tokenizer:
                     **template_vars: Any) -> str:
         """The chat template's text for `messages` (FALLBACK_CHAT_TEMPLATE when none);
         `template_vars` are the template's own switches (e.g. Qwen3's `enable_thinking`)."""
-        return self.hf.apply_chat_template(
-            list(messages), chat_template=self.chat_template or FALLBACK_CHAT_TEMPLATE,
-            tokenize=False, add_generation_prompt=add_generation_prompt, **template_vars,
-        )
+        template = self.chat_template or FALLBACK_CHAT_TEMPLATE
+        if not isinstance(template, str):  # named templates (a dict): transformers picks
+            return self.hf.apply_chat_template(
+                list(messages), chat_template=None, tokenize=False,
+                add_generation_prompt=add_generation_prompt, **template_vars)
+        return chat_template.render(template, messages, add_generation_prompt=add_generation_prompt,
+                                    special_tokens=self.special_tokens, **template_vars)
 
     def apply_chat_template(
         self, messages: Sequence[Message], add_generation_prompt: bool = True,

@@ -1,5 +1,5 @@
 """The engine moves a CPU model's weights into huge pages after load (`LLMEngine.idle_work`):
-while idle (AsyncEngine, after starting the tokenizer's build), between busy steps too, at
+while idle (AsyncEngine), between busy steps too, at
 load for LLM; the real SmolLM2 answers the same greedy tokens before, during and after,
 through the native decode layer."""
 
@@ -47,7 +47,7 @@ def test_an_idle_engine_moves_the_weights_and_answers_the_same(smollm_gguf: Path
     client = LocalClient.from_model(str(smollm_gguf))
     try:
         assert client.async_engine.idle_work_done.wait(120)
-        assert client.engine.tokenizer.hf._started  # the chat template's build, once idle
+        assert not client.engine.tokenizer.hf._started  # chats need no transformers
         model = client.engine.model
         assert _in_one_block(model)
         assert model.cpu_decode is not None  # the native layer, rebuilt on the moved weights
