@@ -28,6 +28,7 @@ from torch import nn
 HUGE_PAGE = 2 << 20
 SMALLEST = 1 << 16  # tensors below this stay where they are (norms, biases)
 STEP_BYTES = 32 << 20  # bytes a step of the engine's idle work moves
+COPY_PIECE = 4 << 20  # a file-mapped source's pages are dropped after each piece this size
 _THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 
@@ -47,11 +48,10 @@ def _madvise(address: int, length: int, advice: int) -> None:
     libc.madvise(ctypes.c_void_p(address), ctypes.c_size_t(length), advice)  # advice only
 
 
-def _drop_pages(storage: torch.UntypedStorage) -> None:
-    """Drop the whole pages of a file-mapped storage from this process (they stay in the page
-    cache; the storage is not read again)."""
+def _drop_pages(start: int, end: int) -> None:
+    """Drop the whole pages within [start, end) of a file mapping from this process (they
+    stay in the page cache; a later read maps them again)."""
     page = mmap.PAGESIZE
-    start, end = storage.data_ptr(), storage.data_ptr() + storage.nbytes()
     first, last = -(-start // page) * page, end // page * page
     if last > first:
         _madvise(first, last - first, mmap.MADV_DONTNEED)
@@ -111,7 +111,15 @@ class WeightMover:
             source = views[0][2].untyped_storage()
             n = source.nbytes()
             copy = torch.frombuffer(self._memory[self._at:self._at + n], dtype=torch.uint8)
-            copy.copy_(torch.empty(0, dtype=torch.uint8).set_(source))
+            whole = torch.empty(0, dtype=torch.uint8).set_(source)
+            # A file-mapped source lets its pages go as each piece is copied: the peak is the
+            # weights and a piece, not a whole storage more (a 1B model's embedding table,
+            # 0.1 GiB, whose rows the first tokens had barely touched).
+            piece = COPY_PIECE if self.drop_sources else max(n, 1)
+            for at in range(0, n, piece):
+                copy[at:at + piece].copy_(whole[at:at + piece])
+                if self.drop_sources:
+                    _drop_pages(source.data_ptr() + at, source.data_ptr() + min(n, at + piece))
             made: dict[int, torch.Tensor] = {}  # a tensor held twice stays one tensor
             for store, name, t in views:
                 if store.get(name) is not t:  # replaced since: leave it
@@ -122,9 +130,7 @@ class WeightMover:
                     made[id(t)] = (nn.Parameter(moved, requires_grad=False)
                                    if isinstance(t, nn.Parameter) else moved)
                 store[name] = made[id(t)]
-            if self.drop_sources:
-                _drop_pages(source)
-            del views, source, made  # a packed source is freed here, unless held elsewhere
+            del views, source, whole, made  # a packed source is freed here, unless held elsewhere
             self._at += self._sizes.pop(key)
             moved_bytes += n
         _return_freed_memory()

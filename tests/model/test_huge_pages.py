@@ -111,3 +111,28 @@ def test_a_file_mapped_source_leaves_the_process(tmp_path: Path) -> None:
     _move(mapped, drop_sources=True)
     assert _smaps_kib(address, "Rss") < 1 << 10
     assert torch.equal(mapped.w, big.w)
+
+
+def test_a_large_mapped_storage_leaves_the_process_a_piece_at_a_time(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A storage larger than a piece (a model's embedding table) is not resident twice: its
+    mapped pages go after each piece is copied, while the rest of it is still to copy."""
+    big = nn.Module()
+    big.register_buffer("w", torch.randint(0, 255, (32 << 20,), dtype=torch.uint8))
+    torch.save(big, tmp_path / "big.pt")
+    mapped = torch.load(tmp_path / "big.pt", mmap=True, weights_only=False)
+    address = mapped.w.data_ptr()
+    assert int(mapped.w.sum()) == int(big.w.sum())  # every page mapped in
+    resident: list[int] = []
+    drop = huge_pages._drop_pages
+
+    def spy(start: int, end: int) -> None:
+        drop(start, end)
+        resident.append(_smaps_kib(address, "Rss"))
+
+    monkeypatch.setattr(huge_pages, "_drop_pages", spy)
+    _move(mapped, drop_sources=True)
+    assert len(resident) == (32 << 20) // huge_pages.COPY_PIECE
+    assert resident == sorted(resident, reverse=True) and resident[0] <= (32 << 10) - (3 << 10)
+    assert resident[-1] < 1 << 10
+    assert torch.equal(mapped.w, big.w)
