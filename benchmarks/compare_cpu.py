@@ -121,18 +121,13 @@ def run_localpaged(model: str, w: dict, variant: str) -> dict:
     client = LocalClient.from_model(model, enable_prefix_caching=caching,
                                     max_num_batched_tokens=512)
     engine = client.engine
-    # Work may still go on after load: a tokenizer build someone started (the transformers
-    # one, 2-3 s; chat templates no longer need it), at a model's first load with this code the writer of its
-    # packed weights (packed_cache, seconds for 1 GB), and the engine's move of the weights
-    # into huge pages while idle (a second a GB). The workloads start after all, as
-    # a user's chats do after the first minutes (a first chat message waits for the template
-    # anyway). Run beside the first workloads they took a core from the kernels' OpenMP team:
-    # a 1B model's first prompt and decode steps ran at 1/3 to 1/7 of their speed, by chance
-    # of timing. first_token.py times the load itself.
-    client.async_engine.idle_work_done.wait()  # the move into huge pages; the build started
-    wait_ready = getattr(getattr(engine.tokenizer, "hf", None), "wait_ready", None)
-    if wait_ready is not None:
-        wait_ready()
+    # Work may still go on after load: at a model's first load with this code the writer of
+    # its packed weights (packed_cache, seconds for 1 GB), and the engine's move of the
+    # weights into huge pages while idle (a second a GB). The workloads start after both, as a
+    # user's chats do after the first minutes. Run beside the first workloads they took a core
+    # from the kernels' OpenMP team: a 1B model's first prompt and decode steps ran at 1/3 to
+    # 1/7 of their speed, by chance of timing. first_token.py times the load itself.
+    client.async_engine.idle_work_done.wait()  # the move into huge pages
     from localpaged.model import packed_cache
 
     packed_cache.wait_for_writes()

@@ -10,9 +10,8 @@ token (what follows, the interpreter's exit, is not the user's wait). localpaged
 engine behind `localpaged chat` and the API (`LocalClient`). Peak RSS is the child's maximum
 resident set (`ru_maxrss`), which counts the pages of a memory-mapped file it has touched, as
 llama.cpp's weights are: at the first token, and (the target's) once localpaged's work after
-load is done too (the weights' move into huge pages while idle; the chat template renders
-without transformers, so no tokenizer build follows any more). llama.cpp gets `n_ctx=2048`; localpaged its default KV pool (pages
-taken as written). The machine's CPU flags are printed first.
+load is done too (the weights' move into huge pages while idle). llama.cpp gets
+`n_ctx=2048`; localpaged its default KV pool (pages taken as written). The machine's CPU flags are printed first.
 
     python benchmarks/first_token.py MODEL.gguf [MODEL.gguf | AWQ_OR_GPTQ_FOLDER ...] [--repeats 3]
 
@@ -37,7 +36,7 @@ PROMPT = list(range(1000, 1016))
 
 # The engine behind `localpaged chat` and the API (what a user waits on). After its first
 # token the process waits until the engine's work after load (the weights' move into huge
-# pages, while idle) is done, and any tokenizer build started: the peak RSS counts those too.
+# pages, while idle) is done: the peak RSS counts it too.
 LOCALPAGED = r"""
 import asyncio, json, resource, sys, time
 t0 = time.perf_counter()
@@ -58,9 +57,6 @@ rss = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 print(sys.argv[3] + json.dumps({"import_s": t1 - t0, "load_s": t2 - t1, "token_s": t3 - t2,
                                 "rss_mib": rss()}), flush=True)
 client.async_engine.idle_work_done.wait()
-hf = getattr(client.engine.tokenizer, "hf", None)
-if hf is not None and hasattr(hf, "wait_ready"):
-    hf.wait_ready()
 print(sys.argv[3] + json.dumps({"settled_rss_mib": rss()}), flush=True)
 client.async_engine.close()
 """

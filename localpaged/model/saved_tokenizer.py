@@ -40,8 +40,8 @@ class SavedTokenizer:
             template = jinja.read_text(encoding="utf-8")
         self.chat_template: str | None = template if isinstance(template, str) else None
         self.special_tokens_map = special_tokens_of(config)  # what templates get as variables
-        self.eos_token_id = self._special_id(config.get("eos_token"))
-        self.bos_token_id = self._special_id(config.get("bos_token"))
+        self.eos_token_id = self._special_id(self.special_tokens_map.get("eos_token"))
+        self.bos_token_id = self._special_id(self.special_tokens_map.get("bos_token"))
         self.added_tokens_decoder = self.backend.get_added_tokens_decoder()
         # transformers sets this on its backend at every load; tokenizer.json does not keep it
         self.backend.encode_special_tokens = bool(config.get("split_special_tokens", False))
@@ -64,10 +64,8 @@ class SavedTokenizer:
         # A daemon: a process that never needs the full tokenizer does not wait for it to exit.
         threading.Thread(target=self._build, name="localpaged-tokenizer", daemon=True).start()
 
-    def _special_id(self, token: Any) -> int | None:
-        if isinstance(token, dict):
-            token = token.get("content")
-        return self.backend.token_to_id(token) if isinstance(token, str) else None
+    def _special_id(self, token: str | None) -> int | None:
+        return self.backend.token_to_id(token) if token is not None else None
 
     def _build(self) -> None:
         try:

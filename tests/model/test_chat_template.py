@@ -63,7 +63,8 @@ def test_renders_as_transformers(name: str, generation_prompt: bool, reference: 
     assert ours == theirs
     thought = [{"role": "user", "content": "2+2?"},
                {"role": "assistant", "content": "4", "reasoning": "two and two"}]
-    assert _both(reference, template, thought)[0] == _both(reference, template, thought)[1]
+    ours, theirs = _both(reference, template, thought)
+    assert ours == theirs
 
 
 def test_template_errors_are_jinja2s(reference: Any) -> None:
