@@ -121,3 +121,30 @@ def test_prompt_chunk_rows_equal_plain_attention(heads, kv_heads, dim, bs, dtype
              for i in (0, len(rows) - 1)] if dtype == torch.bfloat16 else []
     for i, one in zip((0, len(rows) - 1), alone):
         assert torch.equal(one, got[i:i + 1])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize(("heads", "kv_heads", "dim", "bs"), [(8, 8, 64, 16), (8, 2, 128, 16)])
+def test_long_decode_rows_in_stretches_equal_plain_attention(heads, kv_heads, dim, bs, dtype,
+                                                             cpu_variant) -> None:
+    """Decode rows whose contexts the kernel cuts into stretches of 128 keys, shared by the
+    threads and joined after (lengths of one stretch, of several, and one past a whole
+    stretch), equal plain attention; a row gives the same bits alone as beside the others."""
+    g = torch.Generator().manual_seed(dim + kv_heads)
+    lens = [3, 700, 1, 1200, 129]
+    q, k_cache, v_cache, tables, seq_lens = _batch(g, lens, heads, kv_heads, dim, bs)
+    ref = _reference(q, k_cache, v_cache, tables, seq_lens, dim**-0.5)
+    if dtype == torch.bfloat16:
+        def run(i: slice) -> torch.Tensor:
+            return attention_cpu.paged_decode_attention_cpu(
+                q[i], k_cache, v_cache, tables[i], seq_lens[i], dim**-0.5)
+        got = run(slice(None))
+        torch.testing.assert_close(got.float(), ref, rtol=2e-2, atol=1e-2)
+    else:
+        def run(i: slice) -> torch.Tensor:
+            return _f32_kernel(q[i].float().contiguous(), k_cache.float(), v_cache.float(),
+                               tables[i].contiguous(), seq_lens[i].contiguous(), dim**-0.5)
+        got = run(slice(None))
+        torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
+    for i in (1, 3, 4):
+        assert torch.equal(run(slice(i, i + 1)), got[i:i + 1])

@@ -149,6 +149,7 @@ static inline float as_f32(float v) { return v; }
 #define MAX_DIM 256 /* head dimension */
 #define PD_GROUP 16 /* consecutive tokens of one request attended in one task (a prompt chunk) */
 #define PD_KEYS 16  /* keys scored together by the grouped rows */
+#define PD_SEG_KEYS 128 /* keys of a decode row's stretch (PD_SEG), rounded up to blocks */
 
 /* Asks for `n` rows of `bytes` bytes, `stride` bytes apart from `p`, to be brought into the
  * cache: a head's keys and values are rows apart in the paged cache (the other heads between
@@ -161,6 +162,15 @@ static inline void pd_prefetch_rows(const void *p, size_t stride, int n, size_t 
             __builtin_prefetch((const char *)p + i * stride + b, 0, 3);
 #else
     (void)p, (void)stride, (void)n, (void)bytes;
+#endif
+}
+
+/* Asks for the `bytes` bytes from `p` to be brought into the cache (L2), a line at a time. */
+static inline void pd_prefetch_span(const void *p, size_t bytes) {
+#if defined(__GNUC__)
+    for (size_t b = 0; b < bytes; b += 64) __builtin_prefetch((const char *)p + b, 0, 2);
+#else
+    (void)p, (void)bytes;
 #endif
 }
 
@@ -373,6 +383,8 @@ static inline const float *pd_value_row_f32(const float *vp, int dim, float *buf
 #define PD_DOT dot_scaled_bf16
 #define PD_NAME paged_decode_bf16
 #define PD_ROWS paged_rows_bf16
+#define PD_SEG paged_stretch_bf16
+#define PD_MERGE paged_merge_bf16
 #define PD_F32 0
 #define PD_VALUE_ROW pd_value_row_bf16
 #include "paged_decode_body.h"
@@ -383,6 +395,8 @@ static inline const float *pd_value_row_f32(const float *vp, int dim, float *buf
 #define PD_DOT dot_scaled_f32
 #define PD_NAME paged_decode_f32
 #define PD_ROWS paged_rows_f32
+#define PD_SEG paged_stretch_f32
+#define PD_MERGE paged_merge_f32
 #define PD_F32 1
 #define PD_VALUE_ROW pd_value_row_f32
 #include "paged_decode_body.h"
