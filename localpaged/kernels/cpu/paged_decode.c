@@ -151,20 +151,6 @@ static inline float as_f32(float v) { return v; }
 #define PD_KEYS 16  /* keys scored together by the grouped rows */
 #define PD_SEG_KEYS 128 /* keys of a decode row's stretch (PD_SEG), rounded up to blocks */
 
-/* Asks for `n` rows of `bytes` bytes, `stride` bytes apart from `p`, to be brought into the
- * cache: a head's keys and values are rows apart in the paged cache (the other heads between
- * them), which the hardware prefetchers follow poorly (SmolLM2, 32 decodes a step: 6-8% more
- * tokens a second with it). */
-static inline void pd_prefetch_rows(const void *p, size_t stride, int n, size_t bytes) {
-#if defined(__GNUC__)
-    for (int i = 0; i < n; i++)
-        for (size_t b = 0; b < bytes; b += 64)
-            __builtin_prefetch((const char *)p + i * stride + b, 0, 3);
-#else
-    (void)p, (void)stride, (void)n, (void)bytes;
-#endif
-}
-
 /* Asks for the `bytes` bytes from `p` to be brought into the cache (L2), a line at a time. */
 static inline void pd_prefetch_span(const void *p, size_t bytes) {
 #if defined(__GNUC__)
