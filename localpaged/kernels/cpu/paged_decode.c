@@ -160,6 +160,27 @@ static inline void pd_prefetch_span(const void *p, size_t bytes) {
 #endif
 }
 
+#define PD_AHEAD 32 /* keys ahead whose rows PD_ROWS fetches (pd_prefetch_head) */
+
+/* Asks for head h's rows of the keys (or values) [t, t + PD_KEYS) of a context of `len` to be
+ * brought into the cache: one head's rows lie a token's whole row of heads apart, too far for
+ * the prefetchers to follow (4-8 KiB on models with many KV heads). */
+static inline void pd_prefetch_head(const void *cache, const int32_t *table, int t, int len,
+                                    int h, size_t row, int dim, int block_size, size_t elem) {
+#if defined(__GNUC__)
+    const int end = t + PD_KEYS < len ? t + PD_KEYS : len;
+    for (; t < end; t++) {
+        const char *p = (const char *)cache
+                        + (((size_t)table[t / block_size] * block_size + t % block_size) * row
+                           + (size_t)h * dim) * elem;
+        for (size_t b = 0; b < (size_t)dim * elem; b += 64) __builtin_prefetch(p + b, 0, 2);
+    }
+#else
+    (void)cache, (void)table, (void)t, (void)len, (void)h, (void)row, (void)dim;
+    (void)block_size, (void)elem;
+#endif
+}
+
 #if defined(__AVX512F__) || defined(__AVX2__)
 #define PD_DOT8 1
 /* The sums of eight vectors' lanes, as one vector: a tree of horizontal adds

@@ -21,6 +21,8 @@ static void PD_ROWS(const PD_T *q, const PD_T *k_cache, const PD_T *v_cache,
     float tile[MAX_DIM][PD_KEYS]; /* keys transposed: tile[d][key] */
     for (int t0 = 0; t0 < last; t0 += PD_KEYS) {
         const int w = last - t0 < PD_KEYS ? last - t0 : PD_KEYS;
+        pd_prefetch_head(k_cache, table, t0 + PD_AHEAD, last, h, row, dim, block_size,
+                         sizeof(PD_T));
         for (int kk = 0; kk < PD_KEYS; kk++) {
             if (kk >= w) {
                 for (int d = 0; d < dim; d++) tile[d][kk] = 0.f;
@@ -52,6 +54,8 @@ static void PD_ROWS(const PD_T *q, const PD_T *k_cache, const PD_T *v_cache,
     const float *vrows[PD_KEYS];
     for (int t0 = 0; t0 < last; t0 += PD_KEYS) {
         const int w = last - t0 < PD_KEYS ? last - t0 : PD_KEYS;
+        pd_prefetch_head(v_cache, table, t0 + PD_AHEAD, last, h, row, dim, block_size,
+                         sizeof(PD_T));
         for (int kk = 0; kk < w; kk++) {
             const int t = t0 + kk;
             const PD_T *vp = v_cache + (size_t)table[t / block_size] * block_size * row
