@@ -160,6 +160,16 @@ static inline void pd_prefetch_span(const void *p, size_t bytes) {
 #endif
 }
 
+/* The block of `cache` holding key b0 of a context read up to t1, the next block (if any)
+ * asked for meanwhile; `block_bytes`: one block, every head. */
+static inline const void *pd_block(const void *cache, const int32_t *table, int b0, int t1,
+                                   int block_size, size_t block_bytes) {
+    if (b0 + block_size < t1)
+        pd_prefetch_span((const char *)cache + (size_t)table[b0 / block_size + 1] * block_bytes,
+                         block_bytes);
+    return (const char *)cache + (size_t)table[b0 / block_size] * block_bytes;
+}
+
 #define PD_AHEAD 32 /* keys ahead whose rows PD_ROWS fetches (pd_prefetch_head) */
 
 /* Asks for head h's rows of the keys (or values) [t, t + PD_KEYS) of a context of `len` to be
