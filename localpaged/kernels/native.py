@@ -95,6 +95,15 @@ def _compiler() -> str | None:
     return shutil.which(os.environ.get("CC", "cc"))
 
 
+def _compiler_identity(cc: str) -> str:
+    """The compiler's binary (symlinks followed), size and modification time: an upgrade
+    changes them. Not `cc --version`: a process forked from one holding torch costs ~0.1 s of
+    every model load."""
+    real = os.path.realpath(cc)
+    st = os.stat(real)
+    return f"{real}|{st.st_size}|{st.st_mtime_ns}"
+
+
 def has_compiler() -> bool:
     """Whether a C compiler is here to build the kernels (`$CC`, else `cc`)."""
     return _compiler() is not None
@@ -113,7 +122,7 @@ def build(name: str, isa: str) -> Path:
     if cc is None:
         raise RuntimeError("no C compiler found (set CC, or install one: `apt install gcc`)")
     flags = (*FLAGS, *cpu_isa.compile_flags(isa))
-    version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
+    version = _compiler_identity(cc)
     texts = [f.read_text() for f in sorted(SOURCES.iterdir()) if f.suffix in (".c", ".h")]
     key = hashlib.sha256(
         "\0".join([*texts, name, cc, version, *flags]).encode()

@@ -68,10 +68,13 @@ def code_hash() -> str:
     global _code_hash
     if _code_hash is None:
         h = hashlib.sha256()
-        for f in sorted(PACKAGE.rglob("*")):
-            if f.suffix in (".py", ".c", ".h") and "__pycache__" not in f.parts:
-                st = f.stat()
-                h.update(f"{f.relative_to(PACKAGE)}|{st.st_size}|{st.st_mtime_ns}\n".encode())
+        files = []
+        for folder, subfolders, names in os.walk(PACKAGE):
+            subfolders[:] = [d for d in subfolders if d != "__pycache__"]
+            files += [os.path.join(folder, n) for n in names if n.endswith((".py", ".c", ".h"))]
+        for f in sorted(files):
+            st = os.stat(f)
+            h.update(f"{Path(f).relative_to(PACKAGE)}|{st.st_size}|{st.st_mtime_ns}\n".encode())
         _code_hash = h.hexdigest()
     return _code_hash
 
