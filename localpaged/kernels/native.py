@@ -61,6 +61,7 @@ SIGNATURES: dict[str, tuple[list[type], type | None]] = {
     "gguf_q4_pack": ([_P, _I, _P, _I, _I, _P, _P, _I, _I], _I),
     "gguf_q8_pack": ([_P, _I, _P, _I, _I, _P, _P, _I, _I], _I),
     "i8_dot_isa": ([], _I),
+    "rows_to_int8": ([_P, _I, _I, _P, _P, _P, _I], None),
     "paged_decode_bf16": ([_P] * 4 + [_I, _P, _P] + [_I] * 5 + [_F, _I], _I),
     "decode_layer_bf16": ([_P] * 4 + [_I], _I),
     "moe_rows_bf16": ([_P] * 4 + [_I, _P, _P] + [_I] * 4, _I),

@@ -19,6 +19,29 @@ from localpaged.quant import cpu_w4
 TORCH_OP_MAX_ROWS = 2  # measured on SmolLM2's 49152 x 576 head
 
 
+def quantize_rows(weight: torch.Tensor, tiled: bool
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(int8 codes, float32 scales, the 8-bit kernel's tiles or None) of a 16-bit `weight`
+    `[N, K]` per output row: scale = max|w| / 127, codes = w / scale rounded. bf16 in one C
+    pass where the library is here (`rows_to_int8`: the same bytes), else torch ops."""
+    from localpaged.kernels import native
+
+    n, k = weight.shape
+    lib = native.library()
+    if lib is not None and weight.dtype == torch.bfloat16:
+        w = weight.contiguous()
+        codes = torch.empty(n, k, dtype=torch.int8)
+        scale = torch.empty(n, dtype=torch.float32)
+        tiles = torch.empty(n // cpu_w4.TILE, k // 2, 2, cpu_w4.TILE, dtype=torch.int8) if tiled else None
+        lib.rows_to_int8(w.data_ptr(), n, k, codes.data_ptr(), scale.data_ptr(),
+                         tiles.data_ptr() if tiles is not None else None, torch.get_num_threads())
+        return codes, scale, tiles
+    w = weight.float()
+    scale = w.abs().amax(dim=1).clamp_min(1e-12) / 127.0
+    codes = torch.round(w / scale[:, None]).to(torch.int8)
+    return codes, scale, cpu_w4.pack_w8(codes) if tiled else None
+
+
 class Int8Linear(nn.Module):
     """`y = x @ W.T` with W stored as int8 codes times a per-row scale."""
 
@@ -30,17 +53,15 @@ class Int8Linear(nn.Module):
             raise ValueError("Int8Linear takes a 16-bit CPU weight")
         self.out_features, self.in_features = weight.shape
         self.dtype = weight.dtype
-        w = weight.detach().float()
-        scale = w.abs().amax(dim=1).clamp_min(1e-12) / 127.0
-        self.register_buffer("codes", torch.round(w / scale[:, None]).to(torch.int8))
+        tiled = (self.out_features % cpu_w4.TILE == 0 and self.in_features % 2 == 0
+                 and cpu_w4.available())
+        codes, scale, tiles = quantize_rows(weight.detach(), tiled)
+        self.register_buffer("codes", codes)
         self.register_buffer("scales", scale.to(weight.dtype))
         self.dense = weight.detach()
         self.dense_min_rows = dense_min_rows
-        self.register_buffer("tiles", None)
-        self.register_buffer("tile_scales", None)
-        if self.out_features % cpu_w4.TILE == 0 and self.in_features % 2 == 0 and cpu_w4.available():
-            self.tiles = cpu_w4.pack_w8(self.codes)
-            self.tile_scales = self.scales.float()
+        self.register_buffer("tiles", tiles)
+        self.register_buffer("tile_scales", self.scales.float() if tiled else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape

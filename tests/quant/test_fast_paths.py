@@ -106,6 +106,29 @@ def test_dense_copy_serves_wide_batches_only(cpu_kernels: str) -> None:
     assert (layer(wide).float() - before_wide.float()).abs().max() <= 0.02 * dense.float().abs().max()
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_int8_head_codes_are_the_torch_formula(cpu_kernels: str, dtype: torch.dtype) -> None:
+    """bf16 heads are quantized in one C pass where the library builds: the same bytes as
+    torch's ops (scale = max|w| / 127, codes rounded half to even), tiles included."""
+    from localpaged.quant import cpu_w4
+
+    g = torch.Generator().manual_seed(3)
+    for n in (1008, 1000):  # whole 16-row tiles, and not
+        weight = (torch.randn(n, 96, generator=g) * 0.05).to(dtype)
+        weight[5] = 0  # a row of zeros: the scale's floor
+        weight[7, 3] = 40.0  # one large value: the rest of its row rounds to few codes
+        w = weight.float()
+        scale = w.abs().amax(dim=1).clamp_min(1e-12) / 127.0
+        codes = torch.round(w / scale[:, None]).to(torch.int8)
+        head = Int8Linear(weight, dense_min_rows=8)
+        assert torch.equal(head.codes, codes)
+        assert torch.equal(head.scales, scale.to(dtype))
+        assert (head.tiles is not None) == (cpu_kernels == "own" and n % 16 == 0)
+        if head.tiles is not None:
+            assert torch.equal(head.tiles, cpu_w4.pack_w8(codes))
+            assert torch.equal(head.tile_scales, scale.to(dtype).float())
+
+
 def test_int8_head_is_close_to_the_dense_head(cpu_kernels: str) -> None:
     g = torch.Generator().manual_seed(0)
     weight = (torch.randn(1008, 64, generator=g) * 0.05).to(torch.bfloat16)
