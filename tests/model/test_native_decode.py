@@ -319,3 +319,47 @@ def test_native_decode_takes_act_order_gptq(act_order_gptq: Path, cpu_variant: s
     g = torch.Generator().manual_seed(4)
     prompts = [torch.randint(3, 500, (n,), generator=g).tolist() for n in (5, 16, 33)]
     _assert_close(*_decode_step_both_ways(model, prompts), dtype)
+
+
+@pytest.fixture(scope="module")
+def act_order_apart(act_order_gptq: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The act-order checkpoint with every k_proj's and up_proj's channels grouped in another
+    order (g_idx shuffled): q/k/v and gate/up that no one matrix can hold."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    out = tmp_path_factory.mktemp("gptq-act-order-apart")
+    for f in act_order_gptq.iterdir():
+        shutil.copy(f, out / f.name)
+    tensors = load_file(out / "model.safetensors")
+    g = torch.Generator().manual_seed(5)
+    for name, t in tensors.items():
+        if name.endswith(("k_proj.g_idx", "up_proj.g_idx")):
+            tensors[name] = t[torch.randperm(t.numel(), generator=g)].contiguous()
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "f32"])
+def test_native_decode_takes_act_order_layers_ordered_apart(act_order_apart: Path,
+                                                            cpu_variant: str,
+                                                            dtype: torch.dtype) -> None:
+    """q/k/v (gate/up) whose input channels are ordered differently are joined side by side,
+    each part gathering x in its own order, and stay on the native decode layer."""
+    from localpaged.quant.joined_linear import JoinedLinear
+    from localpaged.quant.linear import QuantLinear
+
+    model, _ = load_model(act_order_apart, dtype=dtype)
+    optimize_for_inference(model, torch.device("cpu"))
+    layer = model.model.layers[0]
+    for joined in (layer.self_attn.qkv_proj, layer.mlp.gate_up_proj):
+        assert isinstance(joined, JoinedLinear)
+        first, second = joined.parts[0], joined.parts[1]
+        if not isinstance(first, QuantLinear) or first.w4_packed is None:
+            pytest.skip("the layers are not on the own 4-bit kernel here")
+        assert not torch.equal(first.perm, second.perm)
+    assert isinstance(model.cpu_decode, CpuDecodePlan)
+    g = torch.Generator().manual_seed(6)
+    prompts = [torch.randint(3, 500, (n,), generator=g).tolist() for n in (5, 16, 33)]
+    _assert_close(*_decode_step_both_ways(model, prompts), dtype)
