@@ -69,8 +69,10 @@ def optimize_for_inference(model: nn.Module, device: torch.device) -> dict[str, 
         # The checkpoint's matrices are quantized already; its output layer in int8 per
         # channel is what llama.cpp runs too (GGUF files ship it as Q8_0 or Q6_K).
         model.lm_head = Int8Linear(head.weight, dense_min_rows=INT8_HEAD_MAX_ROWS + 1)
-        tiled = model.lm_head.tiles is not None  # the own kernel's copy for wider batches
-        done.update(int8_lm_head=1, int8_lm_head_bytes=head.weight.numel() * (2 if tiled else 1))
+        int8 = model.lm_head
+        extra = sum(t.numel() * t.element_size() for t in (int8.tiles, int8.q8_scales)
+                    if t is not None)  # the own kernel's copy (and block scales) for batches
+        done.update(int8_lm_head=1, int8_lm_head_bytes=head.weight.numel() + extra)
     return done
 
 
