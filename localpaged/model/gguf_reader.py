@@ -122,14 +122,13 @@ class _Cursor:
         # one loop over locals: a vocabulary's 100k strings through take() cost 0.1 s a load
         raw, at, size, length = self.buf.data, self.at, self.size, _U64.unpack_from
         for _ in range(count):
-            if at + 8 > size:
+            if at + 8 > size:  # no room for the length: reported as take(8) would
+                at += 8
                 break
             at += 8 + length(raw, at)[0]
-        else:
-            if at <= size:
-                self.at = at
-                return
-        raise GGUFFormatError(f"needs bytes up to {max(at, size + 1)} but the file has {size}")
+        if at > size:
+            raise GGUFFormatError(f"needs bytes up to {at} but the file has {size}")
+        self.at = at
 
     def field(self, name: str) -> Field:
         kind = self.u32()
