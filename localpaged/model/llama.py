@@ -81,9 +81,9 @@ def fuse_linears(layers: list[nn.Module]) -> nn.Module:
         return fused
     if not hasattr(first, "concat"):
         raise ValueError(f"cannot join {type(first).__name__} layers")
-    perms = [getattr(layer, "perm", None) for layer in layers]
-    if any(p is not None for p in perms) and not all(
-            p is not None and torch.equal(p, perms[0]) for p in perms):
+    from localpaged.quant.linear import read_in_one_order
+
+    if not read_in_one_order(layers):
         # act-order GPTQ whose q/k/v (gate/up) were ordered apart: one matrix cannot hold
         # them, the parts side by side can (the native decode layer gathers x per part)
         return JoinedLinear(layers)

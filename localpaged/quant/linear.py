@@ -63,6 +63,14 @@ def to_cpu_int4pack(w: Int4Weight, sub: int, dtype: torch.dtype) -> tuple[torch.
     return packed, torch.stack((s, (8 - z) * s), dim=-1).to(dtype).contiguous()
 
 
+def read_in_one_order(layers: list[QuantLinear]) -> bool:
+    """Whether `layers` take their input channels in one order: none permuted, or all by the
+    same act-order permutation (then one matrix can hold them side by side)."""
+    first = layers[0].perm
+    return all((part.perm is None) == (first is None)
+               and (first is None or torch.equal(part.perm, first)) for part in layers)
+
+
 class QuantLinear(nn.Module):
     """`y = x @ W.T + b` with W held as 4-bit codes and per-group scales / zero-points."""
 
@@ -194,10 +202,7 @@ class QuantLinear(nn.Module):
             == (first.in_features, first.dtype, first.group_size, first.cpu_group_size,
                 first.dense_min_rows)
             and (part.bias is None) == (first.bias is None)
-            and ((part.perm is None and first.perm is None)
-                 or (part.perm is not None and first.perm is not None
-                     and torch.equal(part.perm, first.perm)))
-            for part in layers)
+            for part in layers) and read_in_one_order(layers)
         if not same:
             raise ValueError("layers differ in input size, dtype, grouping, bias or act-order")
         if any((part.w4_packed is None) != (first.w4_packed is None)
