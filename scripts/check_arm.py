@@ -291,7 +291,8 @@ def gemm_calls() -> list[Call]:
                 y = torch.zeros(rows, n)
                 calls.append(Call(
                     f"q8_gemm_f32 offsets={int(with_offsets)} plain={plain} {tag}", "q8_gemm_f32",
-                    [x, t, ts, to, y, rows, k, n, block, THREADS, plain], [y], exact=True,
+                    [x, t, ts, int(ts.dtype == torch.float16), to, y, rows, k, n, block, THREADS,
+                     plain], [y], exact=True,
                     reference=[_int8_reference(x, wq, block)], tolerance=2**-18,
                     vector=not plain))
     return calls

@@ -30,8 +30,8 @@ int w4_gemm_f32_exact(const float *, const uint8_t *, const uint16_t *, float *,
                       int, int);
 int w4_i8_gemm_f32(const float *, const uint8_t *, const uint16_t *, float *, int, int, int, int,
                    int, int);
-int q8_gemm_f32(const float *, const int8_t *, const float *, const float *, float *, int, int,
-                int, int, int, int);
+int q8_gemm_f32(const float *, const int8_t *, const void *, int, const float *, float *, int,
+                int, int, int, int, int);
 int w6_gemm_f32(const float *, const uint8_t *, const uint8_t *, const uint16_t *, int, float *,
                 int, int, int, int, int, int);
 int w6_gemm_bf16(const uint16_t *, const uint8_t *, const uint8_t *, const uint16_t *, int,
@@ -123,7 +123,8 @@ static long dispatch(const char *fn, const union arg *a) {
     if (!strcmp(fn, "w4_i8_gemm_f32"))
         return w4_i8_gemm_f32(P(0), P(1), P(2), P(3), I(4), I(5), I(6), I(7), I(8), I(9));
     if (!strcmp(fn, "q8_gemm_f32"))
-        return q8_gemm_f32(P(0), P(1), P(2), P(3), P(4), I(5), I(6), I(7), I(8), I(9), I(10));
+        return q8_gemm_f32(P(0), P(1), P(2), I(3), P(4), P(5), I(6), I(7), I(8), I(9), I(10),
+                           I(11));
     if (!strcmp(fn, "paged_decode_bf16"))
         return paged_decode_bf16(P(0), P(1), P(2), P(3), I(4), P(5), P(6), I(7), I(8), I(9),
                                  I(10), I(11), F(12), I(13));
