@@ -259,7 +259,43 @@ static inline __m256 pd_dot8_bf16(const uint16_t *q, const uint16_t *k, size_t k
 }
 #endif
 
+#if defined(__AVX512F__) || defined(__AVX2__)
+#define PD_LOAD8_VECTOR 1
+/* Elements d .. d + 7 of a key row as float32 (bf16 widened: its bits are float32's top half). */
+static inline __m256 pd_load8_f32(const float *p) { return _mm256_loadu_ps(p); }
+static inline __m256 pd_load8_bf16(const uint16_t *p) {
+    const __m128i h = _mm_loadu_si128((const __m128i *)p);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+/* tile[d][k0 + i] = r[i][d] for eight rows r of eight elements: an 8x8 transpose in registers
+ * (the scalar copy into the keys' transposed tile cost as much as a tenth of a prompt chunk's
+ * attention). */
+static inline void pd_transpose8(const __m256 r[8], float (*tile)[PD_KEYS], int k0) {
+    const __m256 a0 = _mm256_unpacklo_ps(r[0], r[1]), a1 = _mm256_unpackhi_ps(r[0], r[1]);
+    const __m256 a2 = _mm256_unpacklo_ps(r[2], r[3]), a3 = _mm256_unpackhi_ps(r[2], r[3]);
+    const __m256 a4 = _mm256_unpacklo_ps(r[4], r[5]), a5 = _mm256_unpackhi_ps(r[4], r[5]);
+    const __m256 a6 = _mm256_unpacklo_ps(r[6], r[7]), a7 = _mm256_unpackhi_ps(r[6], r[7]);
+    const __m256 b0 = _mm256_shuffle_ps(a0, a2, 0x44), b1 = _mm256_shuffle_ps(a0, a2, 0xEE);
+    const __m256 b2 = _mm256_shuffle_ps(a1, a3, 0x44), b3 = _mm256_shuffle_ps(a1, a3, 0xEE);
+    const __m256 b4 = _mm256_shuffle_ps(a4, a6, 0x44), b5 = _mm256_shuffle_ps(a4, a6, 0xEE);
+    const __m256 b6 = _mm256_shuffle_ps(a5, a7, 0x44), b7 = _mm256_shuffle_ps(a5, a7, 0xEE);
+    _mm256_storeu_ps(tile[0] + k0, _mm256_permute2f128_ps(b0, b4, 0x20));
+    _mm256_storeu_ps(tile[1] + k0, _mm256_permute2f128_ps(b1, b5, 0x20));
+    _mm256_storeu_ps(tile[2] + k0, _mm256_permute2f128_ps(b2, b6, 0x20));
+    _mm256_storeu_ps(tile[3] + k0, _mm256_permute2f128_ps(b3, b7, 0x20));
+    _mm256_storeu_ps(tile[4] + k0, _mm256_permute2f128_ps(b0, b4, 0x31));
+    _mm256_storeu_ps(tile[5] + k0, _mm256_permute2f128_ps(b1, b5, 0x31));
+    _mm256_storeu_ps(tile[6] + k0, _mm256_permute2f128_ps(b2, b6, 0x31));
+    _mm256_storeu_ps(tile[7] + k0, _mm256_permute2f128_ps(b3, b7, 0x31));
+}
+#endif
+
+#if defined(__AVX512F__)
 #define PD_QROWS 8  /* query rows scored together against a tile of keys */
+#else
+#define PD_QROWS 12
+#endif
 
 /* s[i * s_stride + key] = sum over d of q[i * dim + d] * tile[d][key], for PD_KEYS keys and
  * nq <= PD_QROWS query rows q: independent sums (eight chains of FMAs), the tile's loads
@@ -279,29 +315,23 @@ static inline void pd_scores16(const float *q, int nq, const float (*tile)[PD_KE
     }
     for (int i = 0; i < nq; i++) _mm512_storeu_ps(s + i * s_stride, acc[i]);
 #elif defined(__AVX2__)
-    for (int i0 = 0; i0 < nq; i0 += 4) { /* four rows a pass: eight chains of 8 keys */
-        const float *r0 = rows[i0], *r1 = rows[i0 + 1], *r2 = rows[i0 + 2], *r3 = rows[i0 + 3];
-        __m256 a0l = _mm256_setzero_ps(), a0h = a0l, a1l = a0l, a1h = a0l, a2l = a0l,
-               a2h = a0l, a3l = a0l, a3h = a0l;
+    for (int i0 = 0; i0 < nq; i0 += 6) { /* six rows a pass: twelve chains of 8 keys */
+        const float *r[6];
+        for (int i = 0; i < 6; i++) r[i] = i0 + i < nq ? rows[i0 + i] : rows[0];
+        __m256 lo[6], hi[6];
+        for (int i = 0; i < 6; i++) lo[i] = hi[i] = _mm256_setzero_ps();
         for (int d = 0; d < dim; d++) {
             const __m256 tl = _mm256_loadu_ps(tile[d]), th = _mm256_loadu_ps(tile[d] + 8);
-            __m256 x = _mm256_set1_ps(r0[d]);
-            a0l = _mm256_fmadd_ps(x, tl, a0l);
-            a0h = _mm256_fmadd_ps(x, th, a0h);
-            x = _mm256_set1_ps(r1[d]);
-            a1l = _mm256_fmadd_ps(x, tl, a1l);
-            a1h = _mm256_fmadd_ps(x, th, a1h);
-            x = _mm256_set1_ps(r2[d]);
-            a2l = _mm256_fmadd_ps(x, tl, a2l);
-            a2h = _mm256_fmadd_ps(x, th, a2h);
-            x = _mm256_set1_ps(r3[d]);
-            a3l = _mm256_fmadd_ps(x, tl, a3l);
-            a3h = _mm256_fmadd_ps(x, th, a3h);
+#pragma GCC unroll 6
+            for (int i = 0; i < 6; i++) {
+                const __m256 x = _mm256_broadcast_ss(r[i] + d);
+                lo[i] = _mm256_fmadd_ps(x, tl, lo[i]);
+                hi[i] = _mm256_fmadd_ps(x, th, hi[i]);
+            }
         }
-        const __m256 out[4][2] = {{a0l, a0h}, {a1l, a1h}, {a2l, a2h}, {a3l, a3h}};
-        for (int i = 0; i < 4 && i0 + i < nq; i++) {
-            _mm256_storeu_ps(s + (i0 + i) * s_stride, out[i][0]);
-            _mm256_storeu_ps(s + (i0 + i) * s_stride + 8, out[i][1]);
+        for (int i = 0; i < 6 && i0 + i < nq; i++) {
+            _mm256_storeu_ps(s + (i0 + i) * s_stride, lo[i]);
+            _mm256_storeu_ps(s + (i0 + i) * s_stride + 8, hi[i]);
         }
     }
 #else
@@ -370,6 +400,44 @@ static inline void pd_weighted_sum4(const float *p, size_t p_stride, int nq, int
         }
 }
 
+/* pd_weighted_sum4 for nq rows, any number: on AVX2 builds six rows a pass where the head
+ * dimension allows (twelve chains of FMAs, each value row's loads shared by six rows). */
+static inline void pd_weighted_sum(const float *p, size_t p_stride, int nq, int n,
+                                   const float *const *vals, int dim, float *a) {
+    int j = 0;
+#if defined(__AVX2__) && !defined(__AVX512F__)
+    if (dim % 16 == 0)
+        for (; j + 6 <= nq; j += 6) {
+            const float *pr = p + (size_t)j * p_stride;
+            float *ar = a + (size_t)j * dim;
+            for (int d = 0; d < dim; d += 16) {
+                __m256 lo[6], hi[6];
+                for (int i = 0; i < 6; i++) {
+                    lo[i] = _mm256_loadu_ps(ar + (size_t)i * dim + d);
+                    hi[i] = _mm256_loadu_ps(ar + (size_t)i * dim + d + 8);
+                }
+                for (int k = 0; k < n; k++) {
+                    const __m256 v0 = _mm256_loadu_ps(vals[k] + d);
+                    const __m256 v1 = _mm256_loadu_ps(vals[k] + d + 8);
+#pragma GCC unroll 6
+                    for (int i = 0; i < 6; i++) {
+                        const __m256 pk = _mm256_broadcast_ss(pr + (size_t)i * p_stride + k);
+                        lo[i] = _mm256_fmadd_ps(pk, v0, lo[i]);
+                        hi[i] = _mm256_fmadd_ps(pk, v1, hi[i]);
+                    }
+                }
+                for (int i = 0; i < 6; i++) {
+                    _mm256_storeu_ps(ar + (size_t)i * dim + d, lo[i]);
+                    _mm256_storeu_ps(ar + (size_t)i * dim + d + 8, hi[i]);
+                }
+            }
+        }
+#endif
+    for (; j < nq; j += 4)
+        pd_weighted_sum4(p + (size_t)j * p_stride, p_stride, nq - j < 4 ? nq - j : 4, n, vals,
+                         dim, a + (size_t)j * dim);
+}
+
 /* Whether row b is the token after row b - 1's in the same request: a context one longer,
  * over the same blocks. */
 static int pd_continues(const int32_t *tables, int stride, const int32_t *seq_lens,
@@ -404,6 +472,7 @@ static inline const float *pd_value_row_f32(const float *vp, int dim, float *buf
 #define PD_MERGE paged_merge_bf16
 #define PD_F32 0
 #define PD_VALUE_ROW pd_value_row_bf16
+#define PD_LOAD8 pd_load8_bf16
 #include "paged_decode_body.h"
 
 #define PD_T float
@@ -416,4 +485,5 @@ static inline const float *pd_value_row_f32(const float *vp, int dim, float *buf
 #define PD_MERGE paged_merge_f32
 #define PD_F32 1
 #define PD_VALUE_ROW pd_value_row_f32
+#define PD_LOAD8 pd_load8_f32
 #include "paged_decode_body.h"

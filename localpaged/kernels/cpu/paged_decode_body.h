@@ -23,7 +23,24 @@ static void PD_ROWS(const PD_T *q, const PD_T *k_cache, const PD_T *v_cache,
         const int w = last - t0 < PD_KEYS ? last - t0 : PD_KEYS;
         pd_prefetch_head(k_cache, table, t0 + PD_AHEAD, last, h, row, dim, block_size,
                          sizeof(PD_T));
-        for (int kk = 0; kk < PD_KEYS; kk++) {
+        int kk = 0;
+#ifdef PD_LOAD8_VECTOR
+        if (w == PD_KEYS && dim % 8 == 0) /* eight keys at a time, transposed in registers */
+            for (; kk < PD_KEYS; kk += 8) {
+                const PD_T *kp[8];
+                for (int i = 0; i < 8; i++) {
+                    const int t = t0 + kk + i;
+                    kp[i] = k_cache + (size_t)table[t / block_size] * block_size * row
+                            + (size_t)(t % block_size) * row + (size_t)h * dim;
+                }
+                for (int d = 0; d < dim; d += 8) {
+                    __m256 r[8];
+                    for (int i = 0; i < 8; i++) r[i] = PD_LOAD8(kp[i] + d);
+                    pd_transpose8(r, tile + d, kk);
+                }
+            }
+#endif
+        for (; kk < PD_KEYS; kk++) {
             if (kk >= w) {
                 for (int d = 0; d < dim; d++) tile[d][kk] = 0.f;
                 continue;
@@ -62,9 +79,7 @@ static void PD_ROWS(const PD_T *q, const PD_T *k_cache, const PD_T *v_cache,
                              + (size_t)(t % block_size) * row + (size_t)h * dim;
             vrows[kk] = PD_VALUE_ROW(vp, dim, vals[kk]);
         }
-        for (int j = 0; j < m; j += 4)
-            pd_weighted_sum4(scores + (size_t)j * stride + t0, stride, m - j < 4 ? m - j : 4, w,
-                             vrows, dim, acc + (size_t)j * dim);
+        pd_weighted_sum(scores + t0, stride, m, w, vrows, dim, acc);
     }
     for (int j = 0; j < m; j++) {
         PD_T *op = out + ((size_t)(j / rep) * heads + (size_t)h * rep + j % rep) * dim;
@@ -296,3 +311,4 @@ int PD_NAME(const PD_T *q, const PD_T *k_cache, const PD_T *v_cache,
 #undef PD_MERGE
 #undef PD_F32
 #undef PD_VALUE_ROW
+#undef PD_LOAD8
