@@ -232,12 +232,16 @@ def pack_q8(codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor | N
         raise ValueError(f"8-bit blocks need N % 16 == 0 and whole even blocks "
                          f"(got {n} x {k}, {blocks} blocks)")
 
-    def tiled(t: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        return t.to(dtype).reshape(n // TILE, TILE, blocks).transpose(1, 2).contiguous()
-
     half = scales.dtype == torch.float16
-    return (pack_w8(codes), tiled(scales, torch.float16 if half else torch.float32),
-            None if offsets is None else tiled(offsets))
+    return (pack_w8(codes), tile_blocks(scales, torch.float16 if half else torch.float32),
+            None if offsets is None else tile_blocks(offsets))
+
+
+def tile_blocks(per_block: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Per-block values `[N, K/block]` (scales or offsets) in `pack_q8`'s layout
+    `[N/16, K/block, 16]`."""
+    n, blocks = per_block.shape
+    return per_block.to(dtype).reshape(n // TILE, TILE, blocks).transpose(1, 2).contiguous()
 
 
 def dequantize_q8(tiles: torch.Tensor, tile_scales: torch.Tensor,

@@ -78,8 +78,7 @@ class Int8Linear(nn.Module):
         self.register_buffer("q8_scales", None)
         if tiled and self.in_features % cpu_w4.Q8_BLOCK == 0 and _int8_activations_win():
             n, blocks = self.out_features, self.in_features // cpu_w4.Q8_BLOCK
-            self.q8_scales = (self.tile_scales.view(n // cpu_w4.TILE, 1, cpu_w4.TILE)
-                              .expand(n // cpu_w4.TILE, blocks, cpu_w4.TILE).contiguous())
+            self.q8_scales = cpu_w4.tile_blocks(self.tile_scales.view(n, 1).expand(n, blocks))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
