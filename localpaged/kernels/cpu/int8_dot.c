@@ -433,8 +433,8 @@ static inline __attribute__((always_inline)) void w4_i8_tile_n(
 #ifndef I8_VNNI
 /* Chunks [c0, end) of a 4-bit group (`gp`) against four rows of x (`x`, rows k apart), their
  * sums widened into dot: the sums in named variables, each chunk's products added as they
- * come. Kept in arrays GCC spilled one and copied the others between registers every chunk
- * (16 AVX2 registers): 1.2-1.3x the 4-row pass's speed. */
+ * come (inline asm: this file is GNU C, as its attributes are). Kept in arrays, GCC spilled
+ * one and copied the others between registers every chunk (16 AVX2 registers). */
 static inline __attribute__((always_inline)) void w4q_chunks4(const uint8_t *gp, const int8_t *x,
                                                               int k, int c0, int end,
                                                               __m256i dot[][2]) {
@@ -446,9 +446,6 @@ static inline __attribute__((always_inline)) void w4q_chunks4(const uint8_t *gp,
         if (c % 2 == 0) I8_PREFETCH(gp + c * 32);
         const __m256i v = _mm256_loadu_si256((const __m256i *)(gp + c * 32));
         const __m256i a = _mm256_and_si256(v, low), b = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-#if defined(__GNUC__)
-        /* as written below, in this order and these registers: GCC's own allocation broadcast
-         * all four rows first, then spilled a sum and copied the others every chunk */
         __m256i xb, t;
 #define I8_ROW4(xp, s0, s1)                                                                   \
         "vpbroadcastd " xp ", %[xb]\n\t"                                                      \
@@ -465,25 +462,6 @@ static inline __attribute__((always_inline)) void w4q_chunks4(const uint8_t *gp,
                   [x1] "m"(*(const int32_t *)(x1 + 4 * c)), [x2] "m"(*(const int32_t *)(x2 + 4 * c)),
                   [x3] "m"(*(const int32_t *)(x3 + 4 * c)));
 #undef I8_ROW4
-#else
-        int32_t four;
-        memcpy(&four, x + 4 * c, sizeof four);
-        __m256i xb = _mm256_set1_epi32(four);
-        s00 = _mm256_add_epi16(s00, _mm256_maddubs_epi16(a, xb));
-        s01 = _mm256_add_epi16(s01, _mm256_maddubs_epi16(b, xb));
-        memcpy(&four, x1 + 4 * c, sizeof four);
-        xb = _mm256_set1_epi32(four);
-        s10 = _mm256_add_epi16(s10, _mm256_maddubs_epi16(a, xb));
-        s11 = _mm256_add_epi16(s11, _mm256_maddubs_epi16(b, xb));
-        memcpy(&four, x2 + 4 * c, sizeof four);
-        xb = _mm256_set1_epi32(four);
-        s20 = _mm256_add_epi16(s20, _mm256_maddubs_epi16(a, xb));
-        s21 = _mm256_add_epi16(s21, _mm256_maddubs_epi16(b, xb));
-        memcpy(&four, x3 + 4 * c, sizeof four);
-        xb = _mm256_set1_epi32(four);
-        s30 = _mm256_add_epi16(s30, _mm256_maddubs_epi16(a, xb));
-        s31 = _mm256_add_epi16(s31, _mm256_maddubs_epi16(b, xb));
-#endif
     }
     const __m256i ones = _mm256_set1_epi16(1);
     dot[0][0] = _mm256_add_epi32(dot[0][0], _mm256_madd_epi16(s00, ones));
