@@ -344,28 +344,30 @@ static inline void pd_scores16(const float *q, int nq, const float (*tile)[PD_KE
 #endif
 }
 
-/* a[i * dim + d] += sum over k < n of p[i * p_stride + k] * vals[k][d], for nq <= 4 query
- * rows: the values' loads shared by the rows (missing rows repeat row 0, not stored). vals[k]
- * points at value row k: in the cache (float32) or in a converted copy (bf16). */
-static inline void pd_weighted_sum4(const float *p, size_t p_stride, int nq, int n,
-                                    const float *const *vals, int dim, float *a) {
-    const float *pr[4];
-    float *ar[4];
-    for (int i = 0; i < 4; i++) {
+/* a[i * dim + d] += sum over k < n of p[i * p_stride + k] * vals[k][d], for nq <= R query
+ * rows (R, 4 or 6, a constant after inlining): the values' loads shared by the rows (missing
+ * rows repeat row 0, not stored). vals[k] points at value row k: in the cache (float32) or in a
+ * converted copy (bf16). */
+static inline __attribute__((always_inline)) void pd_weighted_rows(
+    const float *p, size_t p_stride, int nq, int n, const float *const *vals, int dim, float *a,
+    const int R) {
+    const float *pr[6];
+    float *ar[6];
+    for (int i = 0; i < R; i++) {
         pr[i] = p + (i < nq ? (size_t)i * p_stride : 0);
         ar[i] = a + (i < nq ? (size_t)i * dim : 0);
     }
     int d = 0;
 #if defined(__AVX512F__)
     for (; d + 64 <= dim; d += 64) {
-        __m512 acc[4][4];
-        for (int i = 0; i < 4; i++)
+        __m512 acc[6][4];
+        for (int i = 0; i < R; i++)
             for (int c = 0; c < 4; c++) acc[i][c] = _mm512_loadu_ps(ar[i] + d + 16 * c);
         for (int k = 0; k < n; k++) {
             __m512 v[4];
             for (int c = 0; c < 4; c++) v[c] = _mm512_loadu_ps(vals[k] + d + 16 * c);
-#pragma GCC unroll 4
-            for (int i = 0; i < 4; i++) {
+#pragma GCC unroll 6
+            for (int i = 0; i < R; i++) {
                 const __m512 pk = _mm512_set1_ps(pr[i][k]);
                 for (int c = 0; c < 4; c++) acc[i][c] = _mm512_fmadd_ps(pk, v[c], acc[i][c]);
             }
@@ -376,13 +378,13 @@ static inline void pd_weighted_sum4(const float *p, size_t p_stride, int nq, int
 #endif
 #if defined(__AVX512F__) || defined(__AVX2__)
     for (; d + 16 <= dim; d += 16) {
-        __m256 acc[4][2];
-        for (int i = 0; i < 4; i++)
+        __m256 acc[6][2];
+        for (int i = 0; i < R; i++)
             for (int c = 0; c < 2; c++) acc[i][c] = _mm256_loadu_ps(ar[i] + d + 8 * c);
         for (int k = 0; k < n; k++) {
             const __m256 v0 = _mm256_loadu_ps(vals[k] + d), v1 = _mm256_loadu_ps(vals[k] + d + 8);
-#pragma GCC unroll 4
-            for (int i = 0; i < 4; i++) {
+#pragma GCC unroll 6
+            for (int i = 0; i < R; i++) {
                 const __m256 pk = _mm256_set1_ps(pr[i][k]);
                 acc[i][0] = _mm256_fmadd_ps(pk, v0, acc[i][0]);
                 acc[i][1] = _mm256_fmadd_ps(pk, v1, acc[i][1]);
@@ -400,38 +402,20 @@ static inline void pd_weighted_sum4(const float *p, size_t p_stride, int nq, int
         }
 }
 
-/* pd_weighted_sum4 for nq rows, any number: on AVX2 builds six rows a pass where the head
- * dimension allows (twelve chains of FMAs, each value row's loads shared by six rows). */
+static inline void pd_weighted_sum4(const float *p, size_t p_stride, int nq, int n,
+                                    const float *const *vals, int dim, float *a) {
+    pd_weighted_rows(p, p_stride, nq, n, vals, dim, a, 4);
+}
+
+/* pd_weighted_rows for nq rows, any number: six rows a pass on AVX2 builds (twelve chains of
+ * FMAs, each value row's loads shared by six rows), four with AVX-512's 32 registers. */
 static inline void pd_weighted_sum(const float *p, size_t p_stride, int nq, int n,
                                    const float *const *vals, int dim, float *a) {
     int j = 0;
 #if defined(__AVX2__) && !defined(__AVX512F__)
-    if (dim % 16 == 0)
-        for (; j + 6 <= nq; j += 6) {
-            const float *pr = p + (size_t)j * p_stride;
-            float *ar = a + (size_t)j * dim;
-            for (int d = 0; d < dim; d += 16) {
-                __m256 lo[6], hi[6];
-                for (int i = 0; i < 6; i++) {
-                    lo[i] = _mm256_loadu_ps(ar + (size_t)i * dim + d);
-                    hi[i] = _mm256_loadu_ps(ar + (size_t)i * dim + d + 8);
-                }
-                for (int k = 0; k < n; k++) {
-                    const __m256 v0 = _mm256_loadu_ps(vals[k] + d);
-                    const __m256 v1 = _mm256_loadu_ps(vals[k] + d + 8);
-#pragma GCC unroll 6
-                    for (int i = 0; i < 6; i++) {
-                        const __m256 pk = _mm256_broadcast_ss(pr + (size_t)i * p_stride + k);
-                        lo[i] = _mm256_fmadd_ps(pk, v0, lo[i]);
-                        hi[i] = _mm256_fmadd_ps(pk, v1, hi[i]);
-                    }
-                }
-                for (int i = 0; i < 6; i++) {
-                    _mm256_storeu_ps(ar + (size_t)i * dim + d, lo[i]);
-                    _mm256_storeu_ps(ar + (size_t)i * dim + d + 8, hi[i]);
-                }
-            }
-        }
+    for (; j + 6 <= nq; j += 6)
+        pd_weighted_rows(p + (size_t)j * p_stride, p_stride, 6, n, vals, dim,
+                         a + (size_t)j * dim, 6);
 #endif
     for (; j < nq; j += 4)
         pd_weighted_sum4(p + (size_t)j * p_stride, p_stride, nq - j < 4 ? nq - j : 4, n, vals,
