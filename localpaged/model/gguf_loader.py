@@ -169,7 +169,7 @@ class GGUFFile:
     """An opened GGUF file, validated up front so that later reads cannot run off its end."""
 
     def __init__(self, path: str | Path) -> None:
-        from localpaged.model.gguf_reader import FastGGUFReader
+        from localpaged.model.gguf_reader import FastGGUFReader, UnknownGGMLType
 
         self.path = Path(path)
         if not self.path.is_file():
@@ -181,12 +181,12 @@ class GGUFFile:
             raise ValueError(f"{self.path}: not a GGUF file (magic {magic!r}, expected b'GGUF')")
         try:
             self.reader: FastGGUFReader = FastGGUFReader(self.path)
+        except UnknownGGMLType as exc:  # a type newer than this package
+            raise ValueError(
+                f"{self.path}: {exc}; use another quantization of this model, e.g. Q4_K_M, "
+                "Q5_K_M, Q6_K or Q8_0"
+            ) from None
         except Exception as exc:  # the reader fails deep in numpy/struct on a damaged header
-            if "is not a valid GGMLQuantizationType" in str(exc):  # a type newer than gguf's
-                raise ValueError(
-                    f"{self.path}: a tensor has a GGML type unknown to this localpaged ({exc}); "
-                    "use another quantization of this model, e.g. Q4_K_M, Q5_K_M, Q6_K or Q8_0"
-                ) from None
             raise ValueError(
                 f"{self.path}: truncated or corrupt GGUF file ({type(exc).__name__}: {exc}); "
                 "download it again"
@@ -496,10 +496,10 @@ class GGUFFile:
     def quantization(self) -> str:
         """The file's preset when it names one (e.g. "Q4_K_M"), else the most common weight
         type of the 2-D tensors (e.g. "Q4_1")."""
-        from gguf import LlamaFileType
+        from localpaged.model.ggml_type_ids import FILE_TYPES
 
         try:
-            preset = LlamaFileType(int(self.metadata.get("general.file_type", -1))).name
+            preset = FILE_TYPES.get(int(self.metadata.get("general.file_type", -1)), "GUESSED")
         except (TypeError, ValueError):
             preset = "GUESSED"
         if preset != "GUESSED":

@@ -3,8 +3,9 @@ open, arrays (the tokenizer's tokens, scores, merges, token types) only located 
 
 The `gguf` package's `GGUFReader` builds a numpy view per element of every metadata array,
 seconds to a minute for a 49k-token vocabulary; this reader walks only the lengths of string
-arrays and reads numeric arrays with one `np.frombuffer`. Its `tensors` are the `gguf`
-package's own `ReaderTensor`s (same fields), so callers see no difference.
+arrays and reads numeric arrays with one `np.frombuffer`. Its `tensors` have the fields of the
+`gguf` package's `ReaderTensor`s (their `tensor_type` an int enum equal to the package's), and
+it does without the package (a tenth of a second to import, at every load).
 
 Layout (GGUF v2/v3, little-endian): magic `GGUF`, u32 version, u64 tensor count, u64
 metadata count; metadata entries (string key, u32 value type, value); tensor infos (string
@@ -22,20 +23,37 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, ReaderTensor
+
+from localpaged.model.ggml_type_ids import TYPE_SIZES, GGMLType
 
 # GGUF value type -> numpy dtype of the fixed-size ones (8: string, 9: array).
 _SCALARS = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "<u1",
             10: "<u8", 11: "<i8", 12: "<f8"}
 _STRING, _ARRAY, _BOOL = 8, 9, 7
-_PLAIN = {GGMLQuantizationType.F32: np.float32, GGMLQuantizationType.F16: np.float16,
-          GGMLQuantizationType.F64: np.float64, GGMLQuantizationType.I8: np.int8,
-          GGMLQuantizationType.I16: np.int16, GGMLQuantizationType.I32: np.int32,
-          GGMLQuantizationType.I64: np.int64}
+_PLAIN = {GGMLType.F32: np.float32, GGMLType.F16: np.float16, GGMLType.F64: np.float64,
+          GGMLType.I8: np.int8, GGMLType.I16: np.int16, GGMLType.I32: np.int32,
+          GGMLType.I64: np.int64}
 
 
 class GGUFFormatError(ValueError):
     """The bytes do not form a GGUF file (truncated, corrupt, or an unsupported version)."""
+
+
+class UnknownGGMLType(GGUFFormatError):
+    """A tensor's GGML type number is not one this package knows (a type newer than it)."""
+
+
+@dataclass(frozen=True)
+class GGUFTensor:
+    """One tensor of the file: the fields of the `gguf` package's `ReaderTensor`."""
+
+    name: str
+    tensor_type: GGMLType
+    shape: np.ndarray  # GGUF order (innermost dimension first), uint64
+    n_elements: int
+    n_bytes: int
+    data_offset: int  # from the start of the file
+    data: np.ndarray  # a view of the mapping: the array itself for plain types, else bytes
 
 
 @dataclass
@@ -150,8 +168,8 @@ class _Cursor:
 
 
 class FastGGUFReader:
-    """`fields` (name -> `Field`) and `tensors` (the `gguf` package's `ReaderTensor`s, data
-    as views of the read-only mapping) of a GGUF file."""
+    """`fields` (name -> `Field`) and `tensors` (`GGUFTensor`s, data as views of the
+    read-only mapping) of a GGUF file."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -197,15 +215,18 @@ class FastGGUFReader:
         dims = [cur.u64() for _ in range(n_dims)]
         return name, dims, cur.u32(), cur.u64()
 
-    def _tensors(self, infos: list[tuple[str, list[int], int, int]]) -> list[ReaderTensor]:
+    def _tensors(self, infos: list[tuple[str, list[int], int, int]]) -> list[GGUFTensor]:
         tensors, seen = [], set()
         for name, dims, raw_type, offset in infos:
             if name in seen:
                 raise GGUFFormatError(f"tensor {name} appears twice")
             seen.add(name)
-            kind = GGMLQuantizationType(raw_type)  # ValueError "... is not a valid ..."
+            if raw_type not in GGMLType._value2member_map_:
+                raise UnknownGGMLType(f"tensor {name} has GGML type {raw_type}, unknown to this "
+                                      "localpaged")
+            kind = GGMLType(raw_type)
             n_elems = int(np.prod(dims, dtype=np.int64)) if dims else 1
-            block, size = GGML_QUANT_SIZES[kind]
+            block, size = TYPE_SIZES[kind]
             n_bytes = n_elems * size // block
             start = self.data_offset + offset
             if start + n_bytes > self.data.size:
@@ -216,8 +237,7 @@ class FastGGUFReader:
                 data = np.frombuffer(self.data, _PLAIN[kind], n_elems, start).reshape(shape)
             else:
                 data = self.data[start:start + n_bytes].reshape(*shape[:-1], -1)
-            tensors.append(ReaderTensor(name=name, tensor_type=kind,
-                                        shape=np.array(dims, dtype=np.uint64), n_elements=n_elems,
-                                        n_bytes=n_bytes, data_offset=start, data=data,
-                                        field=None))
+            tensors.append(GGUFTensor(name=name, tensor_type=kind,
+                                      shape=np.array(dims, dtype=np.uint64), n_elements=n_elems,
+                                      n_bytes=n_bytes, data_offset=start, data=data))
         return tensors

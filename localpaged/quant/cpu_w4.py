@@ -145,10 +145,10 @@ def gguf_pack(kernel: str, type_name: str, data: np.ndarray, rows: np.ndarray, n
     """Run the C packer `kernel` (kernels/cpu/gguf_pack.c) on a GGUF matrix `[n, k]` of
     `type_name` from its file bytes `data`, output row i from the file's row `rows[i]`
     (int32), into the kernel-layout tensors at `outputs` (pointers, then the packer's flags)."""
-    from gguf import GGMLQuantizationType
+    from localpaged.model.ggml_type_ids import GGMLType
 
     raw = np.ascontiguousarray(data)
-    if getattr(native.library(), kernel)(raw.ctypes.data, GGMLQuantizationType[type_name].value,
+    if getattr(native.library(), kernel)(raw.ctypes.data, GGMLType[type_name].value,
                                          rows.ctypes.data, n, k, *outputs,
                                          torch.get_num_threads()):
         raise ValueError(f"{type_name} [{n}, {k}] does not fit the kernel's tiles")

@@ -177,8 +177,8 @@ def test_unknown_type_is_refused_before_any_work(tmp_path: Path, type_name: str,
         assert str(path) in msg and "use another quantization of this model, e.g. Q4_K_M" in msg
 
 
-def test_type_id_unknown_to_the_gguf_package_is_refused(tmp_path: Path) -> None:
-    """A type newer than the installed `gguf` package (id 99 here) is not called corrupt."""
+def test_type_id_unknown_to_this_package_is_refused(tmp_path: Path) -> None:
+    """A type newer than this package's table (id 99 here) is not called corrupt."""
     import struct
 
     path = write_tiny_gguf(tmp_path / "new-type.gguf", "Q8_0")
@@ -188,8 +188,9 @@ def test_type_id_unknown_to_the_gguf_package_is_refused(tmp_path: Path) -> None:
     n_dims = struct.unpack_from("<I", data, at)[0]
     struct.pack_into("<I", data, at + 4 + 8 * n_dims, 99)
     path.write_bytes(bytes(data))
-    with pytest.raises(ValueError, match=r"GGML type unknown to this localpaged .*use another "
-                                         r"quantization of this model, e.g. Q4_K_M"):
+    with pytest.raises(ValueError, match=r"blk.0.ffn_down.weight has GGML type 99, unknown to "
+                                         r"this localpaged; use another quantization of this "
+                                         r"model, e.g. Q4_K_M"):
         open_gguf(path)
 
 
