@@ -23,9 +23,6 @@ import jinja2.parser
 import jinja2.utils
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-# The special tokens a tokenizer hands its template, by their tokenizer_config.json keys.
-SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
-                      "cls_token", "mask_token")
 # Where a message's reasoning may come (the first is the name templates read).
 REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 
@@ -164,15 +161,3 @@ def render(source: str, messages: Sequence[Any], *, add_generation_prompt: bool 
         add_generation_prompt=add_generation_prompt,
         **plain_data({**(special_tokens or {}), **variables}),
     )
-
-
-def special_tokens_of(config: Mapping[str, Any]) -> dict[str, str]:
-    """The special tokens (`SPECIAL_TOKEN_KEYS`) a tokenizer_config.json names, as strings."""
-    out = {}
-    for key in SPECIAL_TOKEN_KEYS:
-        token = config.get(key)
-        if isinstance(token, Mapping):
-            token = token.get("content")
-        if isinstance(token, str):
-            out[key] = token
-    return out

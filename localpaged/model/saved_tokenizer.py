@@ -18,11 +18,25 @@ import json
 import os
 import shutil
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from localpaged.model.chat_template import special_tokens_of
+# The special tokens a tokenizer hands its template, by their tokenizer_config.json keys.
+SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
+                      "cls_token", "mask_token")
+
+
+def special_tokens_of(config: Mapping[str, Any]) -> dict[str, str]:
+    """The special tokens (`SPECIAL_TOKEN_KEYS`) a tokenizer_config.json names, as strings."""
+    out = {}
+    for key in SPECIAL_TOKEN_KEYS:
+        token = config.get(key)
+        if isinstance(token, Mapping):
+            token = token.get("content")
+        if isinstance(token, str):
+            out[key] = token
+    return out
 
 
 class SavedTokenizer:

@@ -10,8 +10,6 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from localpaged.model import chat_template
-
 Message = dict[str, Any]
 
 # Used when the tokenizer ships no chat template: plain "Role: text" turns.
@@ -105,6 +103,8 @@ class Tokenizer:
             return self.hf.apply_chat_template(
                 list(messages), chat_template=None, tokenize=False,
                 add_generation_prompt=add_generation_prompt, **template_vars)
+        from localpaged.model import chat_template  # jinja2: imported at the first chat, not load
+
         return chat_template.render(template, messages, add_generation_prompt=add_generation_prompt,
                                     special_tokens=self.special_tokens, **template_vars)
 

@@ -12,6 +12,7 @@ import jinja2
 import pytest
 
 from localpaged.model import chat_template
+from localpaged.model.saved_tokenizer import special_tokens_of
 
 TEMPLATES = Path(__file__).parent.parent / "fixtures" / "chat_templates"
 TOOL = {"type": "function", "function": {
@@ -96,4 +97,4 @@ def test_bad_input_is_refused() -> None:
 def test_special_tokens_of_a_config() -> None:
     config = {"bos_token": "<s>", "eos_token": {"content": "</s>", "special": True},
               "pad_token": None, "chat_template": "x"}
-    assert chat_template.special_tokens_of(config) == {"bos_token": "<s>", "eos_token": "</s>"}
+    assert special_tokens_of(config) == {"bos_token": "<s>", "eos_token": "</s>"}
