@@ -5,9 +5,13 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from localpaged.gc_pause import pause_while_torch_imports
+
 __version__ = "0.1.0"
 
 __all__ = ["LLM", "SamplingParams", "__version__"]
+
+pause_while_torch_imports()  # a tenth of a second off every start that loads a model
 
 
 def __getattr__(name: str) -> Any:

@@ -26,6 +26,7 @@ from localpaged.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOut
 from localpaged.engine.step_bound import AUTO_MULTIPLE, StepTimeBound
 from localpaged.engine.step_cost import StepCostModel, StepShape
 from localpaged.engine.stop import StopChecker
+from localpaged.gc_pause import collector_paused
 from localpaged.kernels import check_supported
 from localpaged.model.optimize import describe as describe_optimizations
 from localpaged.model.optimize import optimize_for_inference
@@ -148,8 +149,9 @@ class LLMEngine:
         """Load the model named by args.model (catalog name, HF folder or .gguf file)."""
         from localpaged.engine.loading import load_model_parts
 
-        model, config, tokenizer, info = load_model_parts(args)
-        return cls(model, config, tokenizer, args, info)
+        with collector_paused():  # thousands of long-lived objects: no collections meanwhile
+            model, config, tokenizer, info = load_model_parts(args)
+            return cls(model, config, tokenizer, args, info)
 
     # -- requests ------------------------------------------------------------------------
     def encode_prompt(self, prompt: str | list[int]) -> list[int]:
