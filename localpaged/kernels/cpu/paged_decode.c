@@ -170,6 +170,13 @@ static inline const void *pd_block(const void *cache, const int32_t *table, int 
     return (const char *)cache + (size_t)table[b0 / block_size] * block_bytes;
 }
 
+/* Where head h's row of token t lies in a paged cache (`row`: one token's rows, every head), in
+ * elements from the cache's start. */
+static inline size_t pd_row_at(const int32_t *table, int t, int block_size, size_t row, int h,
+                               int dim) {
+    return ((size_t)table[t / block_size] * block_size + t % block_size) * row + (size_t)h * dim;
+}
+
 #define PD_AHEAD 32 /* keys ahead whose rows PD_ROWS fetches (pd_prefetch_head) */
 
 /* Asks for head h's rows of the keys (or values) [t, t + PD_KEYS) of a context of `len` to be
@@ -180,9 +187,7 @@ static inline void pd_prefetch_head(const void *cache, const int32_t *table, int
 #if defined(__GNUC__)
     const int end = t + PD_KEYS < len ? t + PD_KEYS : len;
     for (; t < end; t++) {
-        const char *p = (const char *)cache
-                        + (((size_t)table[t / block_size] * block_size + t % block_size) * row
-                           + (size_t)h * dim) * elem;
+        const char *p = (const char *)cache + pd_row_at(table, t, block_size, row, h, dim) * elem;
         for (size_t b = 0; b < (size_t)dim * elem; b += 64) __builtin_prefetch(p + b, 0, 2);
     }
 #else

@@ -28,11 +28,8 @@ static void PD_ROWS(const PD_T *q, const PD_T *k_cache, const PD_T *v_cache,
         if (w == PD_KEYS && dim % 8 == 0) /* eight keys at a time, transposed in registers */
             for (; kk < PD_KEYS; kk += 8) {
                 const PD_T *kp[8];
-                for (int i = 0; i < 8; i++) {
-                    const int t = t0 + kk + i;
-                    kp[i] = k_cache + (size_t)table[t / block_size] * block_size * row
-                            + (size_t)(t % block_size) * row + (size_t)h * dim;
-                }
+                for (int i = 0; i < 8; i++)
+                    kp[i] = k_cache + pd_row_at(table, t0 + kk + i, block_size, row, h, dim);
                 for (int d = 0; d < dim; d += 8) {
                     __m256 r[8];
                     for (int i = 0; i < 8; i++) r[i] = PD_LOAD8(kp[i] + d);
@@ -45,9 +42,7 @@ static void PD_ROWS(const PD_T *q, const PD_T *k_cache, const PD_T *v_cache,
                 for (int d = 0; d < dim; d++) tile[d][kk] = 0.f;
                 continue;
             }
-            const int t = t0 + kk;
-            const PD_T *kp = k_cache + (size_t)table[t / block_size] * block_size * row
-                             + (size_t)(t % block_size) * row + (size_t)h * dim;
+            const PD_T *kp = k_cache + pd_row_at(table, t0 + kk, block_size, row, h, dim);
             for (int d = 0; d < dim; d++) tile[d][kk] = PD_LOAD(kp[d]);
         }
         for (int j = 0; j < m; j += PD_QROWS) {
@@ -73,12 +68,9 @@ static void PD_ROWS(const PD_T *q, const PD_T *k_cache, const PD_T *v_cache,
         const int w = last - t0 < PD_KEYS ? last - t0 : PD_KEYS;
         pd_prefetch_head(v_cache, table, t0 + PD_AHEAD, last, h, row, dim, block_size,
                          sizeof(PD_T));
-        for (int kk = 0; kk < w; kk++) {
-            const int t = t0 + kk;
-            const PD_T *vp = v_cache + (size_t)table[t / block_size] * block_size * row
-                             + (size_t)(t % block_size) * row + (size_t)h * dim;
-            vrows[kk] = PD_VALUE_ROW(vp, dim, vals[kk]);
-        }
+        for (int kk = 0; kk < w; kk++)
+            vrows[kk] = PD_VALUE_ROW(v_cache + pd_row_at(table, t0 + kk, block_size, row, h, dim),
+                                     dim, vals[kk]);
         pd_weighted_sum(scores + t0, stride, m, w, vrows, dim, acc);
     }
     for (int j = 0; j < m; j++) {
