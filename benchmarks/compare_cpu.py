@@ -131,6 +131,7 @@ def run_localpaged(model: str, w: dict, variant: str) -> dict:
     from localpaged.model import packed_cache
 
     packed_cache.wait_for_writes()
+    os.sync()  # a new entry's pages on disk now, not written back beside the workloads
 
     def params(n: int) -> SamplingParams:
         return SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)

@@ -140,6 +140,7 @@ def main() -> None:
         runs: dict[str, list[dict[str, float]]] = {name: [] for name in here}
         for python, code in here.values():  # untimed: writes the compiled modules and, at a
             run(python, code, model)  # file's first load, its packed weights and kernels
+        os.sync()  # their pages on disk now, not written back beside the timed runs
         for _ in range(args.repeats):  # alternating, so drift weighs on both alike
             for name, (python, code) in here.items():
                 runs[name].append(run(python, code, model))
