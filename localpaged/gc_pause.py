@@ -26,13 +26,16 @@ from typing import Any
 
 
 @contextlib.contextmanager
-def collector_paused() -> Iterator[None]:
-    """No cyclic collections inside the block (reference counting still frees objects)."""
+def collector_paused(*, freeze: bool = False) -> Iterator[None]:
+    """No cyclic collections inside the block (reference counting still frees objects); with
+    `freeze`, what exists at its end is then frozen out of later collections."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
+        if freeze:  # before enabling: every object made meanwhile is in the youngest
+            gc.freeze()  # generation, and the next allocation would walk them all
         if was_enabled:
             gc.enable()
 
@@ -50,14 +53,8 @@ class _PausedLoader:
         module.__loader__ = self.loader  # torch sees its own loader, as without this
         if module.__spec__ is not None:
             module.__spec__.loader = self.loader
-        was_enabled = gc.isenabled()
-        gc.disable()
-        try:
+        with collector_paused(freeze=True):
             self.loader.exec_module(module)
-        finally:
-            gc.freeze()  # before enabling: every object made meanwhile is in the youngest
-            if was_enabled:  # generation, and the next allocation would walk them all
-                gc.enable()
 
 
 class _TorchFinder:
