@@ -221,10 +221,11 @@ class FastGGUFReader:
             if name in seen:
                 raise GGUFFormatError(f"tensor {name} appears twice")
             seen.add(name)
-            if raw_type not in GGMLType._value2member_map_:
+            try:
+                kind = GGMLType(raw_type)
+            except ValueError:
                 raise UnknownGGMLType(f"tensor {name} has GGML type {raw_type}, unknown to this "
-                                      "localpaged")
-            kind = GGMLType(raw_type)
+                                      "localpaged") from None
             n_elems = int(np.prod(dims, dtype=np.int64)) if dims else 1
             block, size = TYPE_SIZES[kind]
             n_bytes = n_elems * size // block
