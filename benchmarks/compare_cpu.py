@@ -509,6 +509,10 @@ def summarize(runs: list[dict]) -> dict:
         vals = [r[key] for r in runs if key in r]
         if vals:
             out[key] = {"median": statistics.median(vals), "best": max(vals) if higher else min(vals)}
+    for key in ("roofline_share", "bandwidth_gbs"):
+        vals = [r[key] for r in runs if key in r]
+        if vals:
+            out[key] = {"median": statistics.median(vals), "all": vals}
     for key in ("kv_tokens_held", "kv_slots_allocated", "kv_contiguous_slots"):
         if key in runs[-1]:
             out[key] = runs[-1][key]
@@ -586,6 +590,33 @@ def print_targets(results: dict[str, dict | str], ours_name: str = "localpaged")
               "; ".join(slower) or "faster or equal in every workload")
 
 
+def print_size_targets(results: dict[str, dict | str]) -> None:
+    """The model-size issue's speed targets (a --model file) for the defaults against
+    llama.cpp; its load and memory targets are first_token.py's."""
+    ours, llama = results.get("localpaged"), results.get("llama.cpp")
+    if not (isinstance(ours, dict) and isinstance(llama, dict)):
+        return
+
+    def med(r: dict, key: str) -> float:
+        return r[key]["median"]
+
+    def check(label: str, ok: bool, detail: str) -> None:
+        print(f"  {'met   ' if ok else 'MISSED'} {label}: {detail}")
+
+    print("\ntargets (model sizes): localpaged")
+    a, b = med(ours, "decode_tok_s"), med(llama, "decode_tok_s")
+    check("single-stream decode >= llama.cpp", a >= b, f"{a:.1f} vs {b:.1f}")
+    if "roofline_share" in ours:
+        share = med(ours, "roofline_share")
+        check("single-stream decode within 20% of the bandwidth roofline", share >= 0.8,
+              f"{share:.2f} of it")
+    a, b = med(ours, "prefill_tok_s"), med(llama, "prefill_tok_s")
+    check("prefill >= 1.5x llama.cpp", a >= 1.5 * b, f"{a:.1f} vs 1.5 x {b:.1f} = {1.5 * b:.1f}")
+    a, b = med(ours, "conc8_tok_s"), med(llama, "decode_tok_s")
+    check("8 concurrent >= 4x llama.cpp's single stream", a >= 4 * b,
+          f"{a:.1f} vs 4 x {b:.1f} = {4 * b:.1f}")
+
+
 def print_table(results: dict[str, dict | str]) -> None:
     names = [n for n, r in results.items() if isinstance(r, dict)]
     width = 34
@@ -609,6 +640,14 @@ def print_table(results: dict[str, dict | str]) -> None:
                 ratio = a["median"] / b["median"] if higher else b["median"] / a["median"]
                 row += f"{ratio:>21.2f}x"
             print(row)
+        print("\nsingle-stream decode's share of the bandwidth roofline (decode tok/s x bytes "
+              "per token / the triad read just before the run), median of runs:")
+        for n in names:
+            share, gbs = results[n].get("roofline_share"), results[n].get("bandwidth_gbs")
+            if share is not None:
+                print(f"  {n}: {share['median']:.2f} (runs "
+                      + ", ".join(f"{v:.2f}" for v in share["all"]) + "; triad "
+                      + ", ".join(f"{v:.1f}" for v in gbs["all"]) + " GB/s)")
         held, slots = ours.get("kv_tokens_held"), ours.get("kv_slots_allocated")
         if held and slots:
             contiguous = ours["kv_contiguous_slots"]
@@ -714,10 +753,17 @@ def main() -> None:
             runs = saved.setdefault(name, [])
             if name in results or len(runs) >= args.repeats:
                 continue
+            # The bandwidth again just before each run: this machine's swings in phases of
+            # minutes, and the decode is the run's first workload (its roofline share is
+            # taken against this reading, the top line's is only the run's start).
+            now_gbs = memory_bandwidth_gbs(repeats=3)
             r = spawn(name, models, args.quick, scale, vocab, args.timeout)
             if not isinstance(r, dict):
                 results[name] = r  # not installed or failed: reported, not retried
                 continue
+            if "decode_tok_s" in r:
+                r["bandwidth_gbs"] = now_gbs
+                r["roofline_share"] = r["decode_tok_s"] * facts["bytes"] / 1e9 / now_gbs
             runs.append(r)
             Path(runs_file).write_text(json.dumps(saved))
             print(f"  {name} run {len(runs)}: " + ", ".join(
@@ -729,6 +775,8 @@ def main() -> None:
     for name in names:
         if name.startswith("localpaged") and name != "localpaged-nocache":
             print_targets(results, name)
+    if args.model:
+        print_size_targets(results)
     plot(results, args.png)
 
 
