@@ -59,6 +59,7 @@
 #include <stdlib.h>
 
 #include "bf16.h"
+#include "work_split.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
@@ -1396,39 +1397,45 @@ static int w4_gemm_i8(const void *x, const uint8_t *packed, const uint8_t *high,
 #else
     const int pass = I8_ROWS;
 #endif
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int t = 0; t < tiles; t++) {
-        const uint8_t *wp = packed + (size_t)t * (k / 2) * I8_TILE;
-        const uint8_t *hp = high != NULL ? high + (size_t)t * (k / 4) * I8_TILE : NULL;
-        const uint16_t *sbp = sb + (size_t)t * (zp == I8_KQ ? (size_t)k / 256 : (size_t)groups) *
-                                       sb_stride(zp);
-        float acc[I8_MAX_ROWS * I8_TILE];
-        for (int m0 = 0; m0 < m_rows; m0 += pass) {
-            const int rows = m_rows - m0 < pass ? m_rows - m0 : pass;
-            const int8_t *xm = xq + (size_t)m0 * k;
-            const float *dm = dx + (size_t)m0 * groups, *sm = xs + (size_t)m0 * groups;
+    struct work_split split;
+    work_split_init(&split, tiles, threads);
+#pragma omp parallel num_threads(threads)
+    {
+        int t0, t1;
+        while (work_split_take(&split, omp_get_thread_num(), &t0, &t1))
+        for (int t = t0; t < t1; t++) {
+            const uint8_t *wp = packed + (size_t)t * (k / 2) * I8_TILE;
+            const uint8_t *hp = high != NULL ? high + (size_t)t * (k / 4) * I8_TILE : NULL;
+            const uint16_t *sbp =
+                sb + (size_t)t * (zp == I8_KQ ? (size_t)k / 256 : (size_t)groups) * sb_stride(zp);
+            float acc[I8_MAX_ROWS * I8_TILE];
+            for (int m0 = 0; m0 < m_rows; m0 += pass) {
+                const int rows = m_rows - m0 < pass ? m_rows - m0 : pass;
+                const int8_t *xm = xq + (size_t)m0 * k;
+                const float *dm = dx + (size_t)m0 * groups, *sm = xs + (size_t)m0 * groups;
 #ifdef I8_AVX512
-            if (wide)
-                w4_i8_tile512(wp, sbp, xp + (size_t)m0 * k, dm, sm, acc, rows, k, gs);
-            else
+                if (wide)
+                    w4_i8_tile512(wp, sbp, xp + (size_t)m0 * k, dm, sm, acc, rows, k, gs);
+                else
 #endif
 #if defined(I8_AVX2) || defined(I8_NEON)
-            if (!plain && quads)
-                w4q_i8_tile(wp, hp, sbp, zp, xm, dm, sm, acc, rows, k, gs);
-            else
+                if (!plain && quads)
+                    w4q_i8_tile(wp, hp, sbp, zp, xm, dm, sm, acc, rows, k, gs);
+                else
 #endif
 #if defined(I8_AVX2) || defined(I8_NEON)
-            if (!plain && !quads)
-                w4_i8_tile(wp, sbp, xm, dm, sm, acc, rows, k, gs);
-            else
+                if (!plain && !quads)
+                    w4_i8_tile(wp, sbp, xm, dm, sm, acc, rows, k, gs);
+                else
 #endif
-            if (quads)
-                w4q_i8_tile_plain(wp, hp, sbp, zp, xm, dm, sm, acc, rows, k, gs);
-            else
-                w4_i8_tile_plain(wp, sbp, xm, dm, sm, acc, rows, k, gs);
-            for (int m = 0; m < rows; m++)
-                store_tile_row(y, y_bf16, (size_t)(m0 + m) * n + (size_t)t * I8_TILE,
-                               acc + m * I8_TILE);
+                if (quads)
+                    w4q_i8_tile_plain(wp, hp, sbp, zp, xm, dm, sm, acc, rows, k, gs);
+                else
+                    w4_i8_tile_plain(wp, sbp, xm, dm, sm, acc, rows, k, gs);
+                for (int m = 0; m < rows; m++)
+                    store_tile_row(y, y_bf16, (size_t)(m0 + m) * n + (size_t)t * I8_TILE,
+                                   acc + m * I8_TILE);
+            }
         }
     }
     free(xq);
@@ -1500,42 +1507,48 @@ static int q8_gemm_i8(const void *x, const int8_t *codes, const void *scales, in
 #else
     const int pass = I8_ROWS;
 #endif
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int t = 0; t < tiles; t++) {
-        const int8_t *wp = codes + (size_t)t * k * I8_TILE;
-        /* float16 scales (Q8_0's own) become the tile's float32 ones here, in L1: the matrix
-         * keeps the file's 2 bytes a block and column, the tiles read floats */
-        float widened[half ? (size_t)blocks * I8_TILE : 1];
-        const float *sp = (const float *)scales + (size_t)t * blocks * I8_TILE;
-        if (half) {
-            i8_widen_halves((const uint16_t *)scales + (size_t)t * blocks * I8_TILE, widened,
-                            (size_t)blocks * I8_TILE);
-            sp = widened;
-        }
-        const float *op = offsets != NULL ? offsets + (size_t)t * blocks * I8_TILE : NULL;
-        float acc[I8_MAX_ROWS * I8_TILE];
-        for (int m0 = 0; m0 < m_rows; m0 += pass) {
-            const int rows = m_rows - m0 < pass ? m_rows - m0 : pass;
-            const float *dm = dx + (size_t)m0 * blocks, *sm = xs + (size_t)m0 * blocks;
+    struct work_split split;
+    work_split_init(&split, tiles, threads);
+#pragma omp parallel num_threads(threads)
+    {
+        int t0, t1;
+        while (work_split_take(&split, omp_get_thread_num(), &t0, &t1))
+        for (int t = t0; t < t1; t++) {
+            const int8_t *wp = codes + (size_t)t * k * I8_TILE;
+            /* float16 scales (Q8_0's own) become the tile's float32 ones here, in L1: the matrix
+             * keeps the file's 2 bytes a block and column, the tiles read floats */
+            float widened[half ? (size_t)blocks * I8_TILE : 1];
+            const float *sp = (const float *)scales + (size_t)t * blocks * I8_TILE;
+            if (half) {
+                i8_widen_halves((const uint16_t *)scales + (size_t)t * blocks * I8_TILE, widened,
+                                (size_t)blocks * I8_TILE);
+                sp = widened;
+            }
+            const float *op = offsets != NULL ? offsets + (size_t)t * blocks * I8_TILE : NULL;
+            float acc[I8_MAX_ROWS * I8_TILE];
+            for (int m0 = 0; m0 < m_rows; m0 += pass) {
+                const int rows = m_rows - m0 < pass ? m_rows - m0 : pass;
+                const float *dm = dx + (size_t)m0 * blocks, *sm = xs + (size_t)m0 * blocks;
 #ifdef I8_Q8_VNNI
-            if (wide)
-                q8_i8_tile512(wp, sp, op, xq + (size_t)m0 * k, isum + (size_t)m0 * blocks, dm, sm,
-                              acc, rows, k, bs);
-            else
+                if (wide)
+                    q8_i8_tile512(wp, sp, op, xq + (size_t)m0 * k, isum + (size_t)m0 * blocks, dm, sm,
+                                  acc, rows, k, bs);
+                else
 #endif
 #if defined(I8_AVX2)
-            if (!plain)
-                q8_i8_tile(wp, sp, op, x16 + (size_t)m0 * k, dm, sm, acc, rows, k, bs);
-            else
+                if (!plain)
+                    q8_i8_tile(wp, sp, op, x16 + (size_t)m0 * k, dm, sm, acc, rows, k, bs);
+                else
 #elif defined(I8_NEON)
-            if (!plain)
-                q8_i8_tile(wp, sp, op, xq + (size_t)m0 * k, dm, sm, acc, rows, k, bs);
-            else
+                if (!plain)
+                    q8_i8_tile(wp, sp, op, xq + (size_t)m0 * k, dm, sm, acc, rows, k, bs);
+                else
 #endif
-                q8_i8_tile_plain(wp, sp, op, xq + (size_t)m0 * k, dm, sm, acc, rows, k, bs);
-            for (int m = 0; m < rows; m++)
-                store_tile_row(y, y_bf16, (size_t)(m0 + m) * n + (size_t)t * I8_TILE,
-                               acc + m * I8_TILE);
+                    q8_i8_tile_plain(wp, sp, op, xq + (size_t)m0 * k, dm, sm, acc, rows, k, bs);
+                for (int m = 0; m < rows; m++)
+                    store_tile_row(y, y_bf16, (size_t)(m0 + m) * n + (size_t)t * I8_TILE,
+                                   acc + m * I8_TILE);
+            }
         }
     }
     free(xq);

@@ -238,11 +238,7 @@ static int w4_gemm_rows_f32(const float *x, const uint8_t *packed, const uint16_
 #define AMX_MIN_ROWS 3
 #include <sys/syscall.h>
 #include <unistd.h>
-#ifdef _OPENMP
-#include <omp.h>
-#else /* built without OpenMP: the pragmas are ignored, one thread per call */
-static inline int omp_get_thread_num(void) { return 0; }
-#endif
+#include "omp_compat.h"
 
 /* Linux hands out AMX state only on request, once per process. */
 static int amx_allowed(void) {
