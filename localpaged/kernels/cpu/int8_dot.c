@@ -970,8 +970,11 @@ static inline __attribute__((always_inline)) void q8_i8_tile_n(
     const float *xs, float *acc, int rows, int k, int bs) {
     const int blocks = k / bs;
     const int32_t *xw = (const int32_t *)x16; /* pairs of 16-bit activations */
-    __m256 out[I8_ROWS][2];
-    for (int m = 0; m < I8_ROWS; m++) out[m][0] = out[m][1] = _mm256_setzero_ps();
+    /* The float32 sums live in `acc` (L1), not in registers: with them the tile's 16 AVX2
+     * registers spilled its integer sums in the inner loop (2-4% slower, Zen 3). */
+    for (int i = 0; i < rows * I8_TILE; i++) acc[i] = 0.f;
+#define OUT_LD(m, h) _mm256_loadu_ps(acc + (m) * I8_TILE + 8 * (h))
+#define OUT_ST(m, h, v) _mm256_storeu_ps(acc + (m) * I8_TILE + 8 * (h), v)
     for (int b = 0; b < blocks; b++) {
         __m256i dot[I8_ROWS][2];
         for (int m = 0; m < I8_ROWS; m++) dot[m][0] = dot[m][1] = _mm256_setzero_si256();
@@ -996,23 +999,23 @@ static inline __attribute__((always_inline)) void q8_i8_tile_n(
         for (int m = 0; m < I8_ROWS; m++) {
             if (m >= rows) continue;
             const __m256 d = _mm256_set1_ps(dx[(size_t)m * blocks + b]);
-            out[m][0] = _mm256_fmadd_ps(_mm256_mul_ps(s0, d), _mm256_cvtepi32_ps(dot[m][0]), out[m][0]);
-            out[m][1] = _mm256_fmadd_ps(_mm256_mul_ps(s1, d), _mm256_cvtepi32_ps(dot[m][1]), out[m][1]);
+            OUT_ST(m, 0, _mm256_fmadd_ps(_mm256_mul_ps(s0, d), _mm256_cvtepi32_ps(dot[m][0]),
+                                         OUT_LD(m, 0)));
+            OUT_ST(m, 1, _mm256_fmadd_ps(_mm256_mul_ps(s1, d), _mm256_cvtepi32_ps(dot[m][1]),
+                                         OUT_LD(m, 1)));
         }
         if (op != NULL) {
             const __m256 o0 = _mm256_loadu_ps(op + (size_t)b * I8_TILE);
             const __m256 o1 = _mm256_loadu_ps(op + (size_t)b * I8_TILE + 8);
             for (int m = 0; m < rows; m++) {
                 const __m256 sx = _mm256_set1_ps(xs[(size_t)m * blocks + b]);
-                out[m][0] = _mm256_fmadd_ps(o0, sx, out[m][0]);
-                out[m][1] = _mm256_fmadd_ps(o1, sx, out[m][1]);
+                OUT_ST(m, 0, _mm256_fmadd_ps(o0, sx, OUT_LD(m, 0)));
+                OUT_ST(m, 1, _mm256_fmadd_ps(o1, sx, OUT_LD(m, 1)));
             }
         }
     }
-    for (int m = 0; m < rows; m++) {
-        _mm256_storeu_ps(acc + m * I8_TILE, out[m][0]);
-        _mm256_storeu_ps(acc + m * I8_TILE + 8, out[m][1]);
-    }
+#undef OUT_LD
+#undef OUT_ST
 }
 
 static void w4_i8_tile(const uint8_t *wp, const uint16_t *sbp, const int8_t *xq, const float *dx,

@@ -62,17 +62,26 @@ static void PD_ROWS(const PD_T *q, const PD_T *k_cache, const PD_T *v_cache,
         for (int t = len; t < last; t++) scores[(size_t)j * stride + t] = 0.f;
     }
     memset(acc, 0, sizeof(float) * (size_t)m * dim);
-    float vals[PD_KEYS][MAX_DIM]; /* bf16 values converted (float32 ones are read in place) */
-    const float *vrows[PD_KEYS];
-    for (int t0 = 0; t0 < last; t0 += PD_KEYS) {
-        const int w = last - t0 < PD_KEYS ? last - t0 : PD_KEYS;
-        pd_prefetch_head(v_cache, table, t0 + PD_AHEAD, last, h, row, dim, block_size,
-                         sizeof(PD_T));
+    /* Values a weighted sum takes at once: the rows' sums stay in registers across them
+     * (float32, read in place); converted bf16 ones need scratch, PD_KEYS at a time. */
+#if PD_F32
+#define PD_RUN PD_PV_KEYS
+#else
+#define PD_RUN PD_KEYS
+#endif
+    float vals[PD_F32 ? 1 : PD_KEYS][MAX_DIM]; /* bf16 values converted */
+    const float *vrows[PD_RUN];
+    for (int t0 = 0; t0 < last; t0 += PD_RUN) {
+        const int w = last - t0 < PD_RUN ? last - t0 : PD_RUN;
+        for (int p = 0; p < w; p += PD_KEYS)
+            pd_prefetch_head(v_cache, table, t0 + p + PD_AHEAD, last, h, row, dim, block_size,
+                             sizeof(PD_T));
         for (int kk = 0; kk < w; kk++)
             vrows[kk] = PD_VALUE_ROW(v_cache + pd_row_at(table, t0 + kk, block_size, row, h, dim),
-                                     dim, vals[kk]);
+                                     dim, vals[PD_F32 ? 0 : kk]);
         pd_weighted_sum(scores + t0, stride, m, w, vrows, dim, acc);
     }
+#undef PD_RUN
     for (int j = 0; j < m; j++) {
         PD_T *op = out + ((size_t)(j / rep) * heads + (size_t)h * rep + j % rep) * dim;
         const float inv = 1.f / total[j];
