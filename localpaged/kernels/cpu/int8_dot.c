@@ -1534,8 +1534,8 @@ static int q8_gemm_i8(const void *x, const int8_t *codes, const void *scales, in
                 const float *dm = dx + (size_t)m0 * blocks, *sm = xs + (size_t)m0 * blocks;
 #ifdef I8_Q8_VNNI
                 if (wide)
-                    q8_i8_tile512(wp, sp, op, xq + (size_t)m0 * k, isum + (size_t)m0 * blocks, dm, sm,
-                                  acc, rows, k, bs);
+                    q8_i8_tile512(wp, sp, op, xq + (size_t)m0 * k, isum + (size_t)m0 * blocks,
+                                  dm, sm, acc, rows, k, bs);
                 else
 #endif
 #if defined(I8_AVX2)

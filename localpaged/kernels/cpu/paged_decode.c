@@ -149,11 +149,9 @@ static inline float as_f32(float v) { return v; }
 #define MAX_DIM 256 /* head dimension */
 #define PD_GROUP 16 /* consecutive tokens of one request attended in one task (a prompt chunk) */
 #define PD_KEYS 16  /* keys scored together by the grouped rows */
-#ifndef PD_PV_KEYS
 /* Values per weighted sum of the grouped rows (float32 cache): their sums stay in registers
  * across them (a prompt chunk's attention 1-6% faster than at 16 at a time, Zen 3). */
 #define PD_PV_KEYS 64
-#endif
 #define PD_SEG_KEYS 128 /* keys of a decode row's stretch (PD_SEG), rounded up to blocks */
 
 /* Asks for the `bytes` bytes from `p` to be brought into the cache (L2), a line at a time. */
