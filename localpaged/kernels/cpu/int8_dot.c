@@ -476,6 +476,61 @@ static inline __attribute__((always_inline)) void w4q_chunks4(const uint8_t *gp,
 }
 #endif
 
+#ifndef I8_VNNI
+/* Chunks c and c + 1 (c even) of a 6-bit group (`gp`, its top bits `hg`) against four rows of
+ * x, their sums widened into dot: as w4q_chunks4, a pair at a time (the int16 sums of 6-bit
+ * codes hold two chunks, see the top). Through the generic loop GCC kept 16 sums in 16
+ * registers and spilled them every chunk. */
+static inline __attribute__((always_inline)) void w6q_pair4(const uint8_t *gp, const uint8_t *hg,
+                                                            const int8_t *x, int k, int c,
+                                                            __m256i dot[][2]) {
+    const __m256i low = _mm256_set1_epi8(0x0f), tops = _mm256_set1_epi8(0x30);
+    I8_PREFETCH(gp + c * 32);
+    if (c % 4 == 0) I8_PREFETCH_AHEAD(hg + (c / 2) * 32, I8_PREFETCH_BYTES / 2);
+    const __m256i ve = _mm256_loadu_si256((const __m256i *)(gp + c * 32));
+    const __m256i vo = _mm256_loadu_si256((const __m256i *)(gp + c * 32 + 32));
+    const __m256i h = _mm256_loadu_si256((const __m256i *)(hg + (c / 2) * 32));
+    const __m256i ae = _mm256_or_si256(_mm256_and_si256(ve, low),
+                                       _mm256_and_si256(_mm256_slli_epi16(h, 4), tops));
+    const __m256i be = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ve, 4), low),
+                                       _mm256_and_si256(_mm256_slli_epi16(h, 2), tops));
+    const __m256i ao = _mm256_or_si256(_mm256_and_si256(vo, low), _mm256_and_si256(h, tops));
+    const __m256i bo = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(vo, 4), low),
+                                       _mm256_and_si256(_mm256_srli_epi16(h, 2), tops));
+    const int8_t *x1 = x + k, *x2 = x + 2 * (size_t)k, *x3 = x + 3 * (size_t)k;
+    __m256i s00, s01, s10, s11, s20, s21, s30, s31, xb, t;
+#define I8_ROW6(xe, xo, s0, s1)                                                               \
+    "vpbroadcastd " xe ", %[xb]\n\t"                                                          \
+    "vpmaddubsw %[xb], %[ae], " s0 "\n\t"                                                     \
+    "vpmaddubsw %[xb], %[be], " s1 "\n\t"                                                     \
+    "vpbroadcastd " xo ", %[xb]\n\t"                                                          \
+    "vpmaddubsw %[xb], %[ao], %[t]\n\t"                                                       \
+    "vpaddw %[t], " s0 ", " s0 "\n\t"                                                         \
+    "vpmaddubsw %[xb], %[bo], %[t]\n\t"                                                       \
+    "vpaddw %[t], " s1 ", " s1 "\n\t"
+    __asm__(I8_ROW6("%[x0]", "%[y0]", "%[s00]", "%[s01]") I8_ROW6("%[x1]", "%[y1]", "%[s10]", "%[s11]")
+            I8_ROW6("%[x2]", "%[y2]", "%[s20]", "%[s21]") I8_ROW6("%[x3]", "%[y3]", "%[s30]", "%[s31]")
+            : [s00] "=&x"(s00), [s01] "=&x"(s01), [s10] "=&x"(s10), [s11] "=&x"(s11),
+              [s20] "=&x"(s20), [s21] "=&x"(s21), [s30] "=&x"(s30), [s31] "=&x"(s31),
+              [xb] "=&x"(xb), [t] "=&x"(t)
+            : [ae] "x"(ae), [be] "x"(be), [ao] "x"(ao), [bo] "x"(bo),
+              [x0] "m"(*(const int32_t *)(x + 4 * c)), [y0] "m"(*(const int32_t *)(x + 4 * c + 4)),
+              [x1] "m"(*(const int32_t *)(x1 + 4 * c)), [y1] "m"(*(const int32_t *)(x1 + 4 * c + 4)),
+              [x2] "m"(*(const int32_t *)(x2 + 4 * c)), [y2] "m"(*(const int32_t *)(x2 + 4 * c + 4)),
+              [x3] "m"(*(const int32_t *)(x3 + 4 * c)), [y3] "m"(*(const int32_t *)(x3 + 4 * c + 4)));
+#undef I8_ROW6
+    const __m256i ones = _mm256_set1_epi16(1);
+    dot[0][0] = _mm256_add_epi32(dot[0][0], _mm256_madd_epi16(s00, ones));
+    dot[0][1] = _mm256_add_epi32(dot[0][1], _mm256_madd_epi16(s01, ones));
+    dot[1][0] = _mm256_add_epi32(dot[1][0], _mm256_madd_epi16(s10, ones));
+    dot[1][1] = _mm256_add_epi32(dot[1][1], _mm256_madd_epi16(s11, ones));
+    dot[2][0] = _mm256_add_epi32(dot[2][0], _mm256_madd_epi16(s20, ones));
+    dot[2][1] = _mm256_add_epi32(dot[2][1], _mm256_madd_epi16(s21, ones));
+    dot[3][0] = _mm256_add_epi32(dot[3][0], _mm256_madd_epi16(s30, ones));
+    dot[3][1] = _mm256_add_epi32(dot[3][1], _mm256_madd_epi16(s31, ones));
+}
+#endif
+
 /* w4q_i8_tile_plain with AVX2, `rows` (1..I8_ROWS) a constant after inlining. */
 static inline __attribute__((always_inline)) void w4q_i8_tile_n(
     const uint8_t *wp, const uint8_t *hp, const uint16_t *sbp, int zp, const int8_t *xq,
@@ -504,6 +559,10 @@ static inline __attribute__((always_inline)) void w4q_i8_tile_n(
             if (!six && !nl && rows == 4) { /* the common pass, its sums named (see below) */
                 const int end = c0 + run < chunks ? c0 + run : chunks;
                 w4q_chunks4(gp, xq + (size_t)g * gs, k, c0, end, dot);
+                continue;
+            }
+            if (six && !nl && rows == 4) { /* run is 2, chunks even */
+                w6q_pair4(gp, hg, xq + (size_t)g * gs, k, c0, dot);
                 continue;
             }
             __m256i d16[I8_ROWS][2], h16[I8_ROWS][2]; /* h16: the code book's high nibbles */
