@@ -529,6 +529,37 @@ static inline __attribute__((always_inline)) void w6q_pair4(const uint8_t *gp, c
     dot[3][0] = _mm256_add_epi32(dot[3][0], _mm256_madd_epi16(s30, ones));
     dot[3][1] = _mm256_add_epi32(dot[3][1], _mm256_madd_epi16(s31, ones));
 }
+
+/* w6q_pair4 for 1-3 rows (`rows` a constant after inlining), in intrinsics: few enough sums
+ * for the registers. */
+static inline __attribute__((always_inline)) void w6q_pair_n(const uint8_t *gp, const uint8_t *hg,
+                                                             const int8_t *x, int k, int c,
+                                                             __m256i dot[][2], int rows) {
+    const __m256i low = _mm256_set1_epi8(0x0f), tops = _mm256_set1_epi8(0x30);
+    I8_PREFETCH(gp + c * 32);
+    if (c % 4 == 0) I8_PREFETCH_AHEAD(hg + (c / 2) * 32, I8_PREFETCH_BYTES / 2);
+    const __m256i ve = _mm256_loadu_si256((const __m256i *)(gp + c * 32));
+    const __m256i vo = _mm256_loadu_si256((const __m256i *)(gp + c * 32 + 32));
+    const __m256i h = _mm256_loadu_si256((const __m256i *)(hg + (c / 2) * 32));
+    const __m256i ae = _mm256_or_si256(_mm256_and_si256(ve, low),
+                                       _mm256_and_si256(_mm256_slli_epi16(h, 4), tops));
+    const __m256i be = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ve, 4), low),
+                                       _mm256_and_si256(_mm256_slli_epi16(h, 2), tops));
+    const __m256i ao = _mm256_or_si256(_mm256_and_si256(vo, low), _mm256_and_si256(h, tops));
+    const __m256i bo = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(vo, 4), low),
+                                       _mm256_and_si256(_mm256_srli_epi16(h, 2), tops));
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int m = 0; m < rows; m++) {
+        int32_t e, o;
+        memcpy(&e, x + (size_t)m * k + 4 * c, sizeof e);
+        memcpy(&o, x + (size_t)m * k + 4 * c + 4, sizeof o);
+        const __m256i xe = _mm256_set1_epi32(e), xo = _mm256_set1_epi32(o);
+        const __m256i s0 = _mm256_add_epi16(_mm256_maddubs_epi16(ae, xe), _mm256_maddubs_epi16(ao, xo));
+        const __m256i s1 = _mm256_add_epi16(_mm256_maddubs_epi16(be, xe), _mm256_maddubs_epi16(bo, xo));
+        dot[m][0] = _mm256_add_epi32(dot[m][0], _mm256_madd_epi16(s0, ones));
+        dot[m][1] = _mm256_add_epi32(dot[m][1], _mm256_madd_epi16(s1, ones));
+    }
+}
 #endif
 
 /* w4q_i8_tile_plain with AVX2, `rows` (1..I8_ROWS) a constant after inlining. */
@@ -561,8 +592,11 @@ static inline __attribute__((always_inline)) void w4q_i8_tile_n(
                 w4q_chunks4(gp, xq + (size_t)g * gs, k, c0, end, dot);
                 continue;
             }
-            if (six && !nl && rows == 4) { /* run is 2, chunks even */
-                w6q_pair4(gp, hg, xq + (size_t)g * gs, k, c0, dot);
+            if (six && !nl) { /* run is 2, chunks even */
+                if (rows == 4)
+                    w6q_pair4(gp, hg, xq + (size_t)g * gs, k, c0, dot);
+                else
+                    w6q_pair_n(gp, hg, xq + (size_t)g * gs, k, c0, dot, rows);
                 continue;
             }
             __m256i d16[I8_ROWS][2], h16[I8_ROWS][2]; /* h16: the code book's high nibbles */
