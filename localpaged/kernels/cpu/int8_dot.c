@@ -530,6 +530,38 @@ static inline __attribute__((always_inline)) void w6q_pair4(const uint8_t *gp, c
     dot[3][1] = _mm256_add_epi32(dot[3][1], _mm256_madd_epi16(s31, ones));
 }
 
+/* w4q_chunks4 for 1-3 rows (`rows` a constant after inlining), in intrinsics, two chunks a
+ * step. */
+static inline __attribute__((always_inline)) void w4q_chunks_n(const uint8_t *gp, const int8_t *x,
+                                                               int k, int c0, int end,
+                                                               __m256i dot[][2], int rows) {
+    const __m256i low = _mm256_set1_epi8(0x0f);
+    __m256i s[3][2];
+    for (int m = 0; m < rows; m++) s[m][0] = s[m][1] = _mm256_setzero_si256();
+    for (int c = c0; c < end; c += 2) {
+        I8_PREFETCH(gp + c * 32);
+        const __m256i ve = _mm256_loadu_si256((const __m256i *)(gp + c * 32));
+        const __m256i vo = _mm256_loadu_si256((const __m256i *)(gp + c * 32 + 32));
+        const __m256i ae = _mm256_and_si256(ve, low), be = _mm256_and_si256(_mm256_srli_epi16(ve, 4), low);
+        const __m256i ao = _mm256_and_si256(vo, low), bo = _mm256_and_si256(_mm256_srli_epi16(vo, 4), low);
+        for (int m = 0; m < rows; m++) {
+            int32_t e, o;
+            memcpy(&e, x + (size_t)m * k + 4 * c, sizeof e);
+            memcpy(&o, x + (size_t)m * k + 4 * c + 4, sizeof o);
+            const __m256i xe = _mm256_set1_epi32(e), xo = _mm256_set1_epi32(o);
+            s[m][0] = _mm256_add_epi16(s[m][0], _mm256_add_epi16(_mm256_maddubs_epi16(ae, xe),
+                                                                 _mm256_maddubs_epi16(ao, xo)));
+            s[m][1] = _mm256_add_epi16(s[m][1], _mm256_add_epi16(_mm256_maddubs_epi16(be, xe),
+                                                                 _mm256_maddubs_epi16(bo, xo)));
+        }
+    }
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int m = 0; m < rows; m++) {
+        dot[m][0] = _mm256_add_epi32(dot[m][0], _mm256_madd_epi16(s[m][0], ones));
+        dot[m][1] = _mm256_add_epi32(dot[m][1], _mm256_madd_epi16(s[m][1], ones));
+    }
+}
+
 /* w6q_pair4 for 1-3 rows (`rows` a constant after inlining), in intrinsics: few enough sums
  * for the registers. */
 static inline __attribute__((always_inline)) void w6q_pair_n(const uint8_t *gp, const uint8_t *hg,
@@ -587,9 +619,12 @@ static inline __attribute__((always_inline)) void w4q_i8_tile_n(
         const uint8_t *hg = six ? hp + (size_t)g * chunks * I8_TILE : NULL;
         for (int c0 = 0; c0 < chunks; c0 += run) { /* int16 sums cannot saturate */
 #ifndef I8_VNNI
-            if (!six && !nl && rows == 4) { /* the common pass, its sums named (see below) */
+            if (!six && !nl) { /* the common pass, its sums named (see below); chunks even */
                 const int end = c0 + run < chunks ? c0 + run : chunks;
-                w4q_chunks4(gp, xq + (size_t)g * gs, k, c0, end, dot);
+                if (rows == 4)
+                    w4q_chunks4(gp, xq + (size_t)g * gs, k, c0, end, dot);
+                else
+                    w4q_chunks_n(gp, xq + (size_t)g * gs, k, c0, end, dot, rows);
                 continue;
             }
             if (six && !nl) { /* run is 2, chunks even */
