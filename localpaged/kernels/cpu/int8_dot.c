@@ -1091,6 +1091,42 @@ static void q8_i8_tile512(const int8_t *wp, const float *sp, const float *op, co
 }
 #endif
 
+/* Pairs [p0, p1) of code rows against four rows of x (16-bit pairs, rows k / 2 apart), their
+ * products added into dot: the sums in named variables and the multiply-adds in inline asm, as
+ * w4q_chunks4 (kept in an array, GCC spilled and reloaded them every pair). */
+static inline __attribute__((always_inline)) void q8_pairs4(const int8_t *wp, const int32_t *xw,
+                                                            int k, int p0, int p1,
+                                                            __m256i dot[][2]) {
+    const int32_t *x1 = xw + k / 2, *x2 = xw + 2 * (size_t)(k / 2), *x3 = xw + 3 * (size_t)(k / 2);
+    __m256i s00 = dot[0][0], s01 = dot[0][1], s10 = dot[1][0], s11 = dot[1][1], s20 = dot[2][0],
+            s21 = dot[2][1], s30 = dot[3][0], s31 = dot[3][1];
+    for (int p = p0; p < p1; p++) {
+        const int8_t *pp = wp + (size_t)p * 2 * I8_TILE;
+        if (p % 2 == 0) I8_PREFETCH(pp);
+        const __m128i c0 = _mm_loadu_si128((const __m128i *)pp);
+        const __m128i c1 = _mm_loadu_si128((const __m128i *)(pp + I8_TILE));
+        const __m256i w0 = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(c0, c1)); /* columns 0-7 */
+        const __m256i w1 = _mm256_cvtepi8_epi16(_mm_unpackhi_epi8(c0, c1)); /* 8-15 */
+        __m256i xb, t;
+#define I8_ROWQ8(xp, s0, s1)                                                                  \
+        "vpbroadcastd " xp ", %[xb]\n\t"                                                      \
+        "vpmaddwd %[xb], %[w0], %[t]\n\t"                                                     \
+        "vpaddd %[t], " s0 ", " s0 "\n\t"                                                     \
+        "vpmaddwd %[xb], %[w1], %[t]\n\t"                                                     \
+        "vpaddd %[t], " s1 ", " s1 "\n\t"
+        __asm__(I8_ROWQ8("%[x0]", "%[s00]", "%[s01]") I8_ROWQ8("%[x1]", "%[s10]", "%[s11]")
+                I8_ROWQ8("%[x2]", "%[s20]", "%[s21]") I8_ROWQ8("%[x3]", "%[s30]", "%[s31]")
+                : [s00] "+x"(s00), [s01] "+x"(s01), [s10] "+x"(s10), [s11] "+x"(s11),
+                  [s20] "+x"(s20), [s21] "+x"(s21), [s30] "+x"(s30), [s31] "+x"(s31),
+                  [xb] "=&x"(xb), [t] "=&x"(t)
+                : [w0] "x"(w0), [w1] "x"(w1), [x0] "m"(xw[p]), [x1] "m"(x1[p]), [x2] "m"(x2[p]),
+                  [x3] "m"(x3[p]));
+#undef I8_ROWQ8
+    }
+    dot[0][0] = s00, dot[0][1] = s01, dot[1][0] = s10, dot[1][1] = s11;
+    dot[2][0] = s20, dot[2][1] = s21, dot[3][0] = s30, dot[3][1] = s31;
+}
+
 /* q8_i8_tile_plain with AVX2: each pair of code rows becomes 16-bit pairs per column,
  * multiplied with the row's pair of activations by `vpmaddwd`. */
 static inline __attribute__((always_inline)) void q8_i8_tile_n(
@@ -1106,7 +1142,8 @@ static inline __attribute__((always_inline)) void q8_i8_tile_n(
     for (int b = 0; b < blocks; b++) {
         __m256i dot[I8_ROWS][2];
         for (int m = 0; m < I8_ROWS; m++) dot[m][0] = dot[m][1] = _mm256_setzero_si256();
-        for (int p = b * bs / 2; p < (b + 1) * bs / 2; p++) {
+        if (rows == 4) q8_pairs4(wp, xw, k, b * bs / 2, (b + 1) * bs / 2, dot);
+        for (int p = b * bs / 2; rows < 4 && p < (b + 1) * bs / 2; p++) {
             const int8_t *pp = wp + (size_t)p * 2 * I8_TILE;
             if (p % 2 == 0) I8_PREFETCH(pp);
             const __m128i c0 = _mm_loadu_si128((const __m128i *)pp);
