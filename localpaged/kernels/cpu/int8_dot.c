@@ -531,14 +531,15 @@ static inline __attribute__((always_inline)) void w6q_pair4(const uint8_t *gp, c
 }
 
 /* w4q_chunks4 for 1-3 rows (`rows` a constant after inlining), in intrinsics, two chunks a
- * step. */
+ * step (and a last one alone). */
 static inline __attribute__((always_inline)) void w4q_chunks_n(const uint8_t *gp, const int8_t *x,
                                                                int k, int c0, int end,
                                                                __m256i dot[][2], int rows) {
     const __m256i low = _mm256_set1_epi8(0x0f);
     __m256i s[3][2];
     for (int m = 0; m < rows; m++) s[m][0] = s[m][1] = _mm256_setzero_si256();
-    for (int c = c0; c < end; c += 2) {
+    int c = c0;
+    for (; c + 1 < end; c += 2) {
         I8_PREFETCH(gp + c * 32);
         const __m256i ve = _mm256_loadu_si256((const __m256i *)(gp + c * 32));
         const __m256i vo = _mm256_loadu_si256((const __m256i *)(gp + c * 32 + 32));
@@ -553,6 +554,17 @@ static inline __attribute__((always_inline)) void w4q_chunks_n(const uint8_t *gp
                                                                  _mm256_maddubs_epi16(ao, xo)));
             s[m][1] = _mm256_add_epi16(s[m][1], _mm256_add_epi16(_mm256_maddubs_epi16(be, xe),
                                                                  _mm256_maddubs_epi16(bo, xo)));
+        }
+    }
+    if (c < end) { /* an odd chunk count (groups of 4 * odd values) */
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(gp + c * 32));
+        const __m256i a = _mm256_and_si256(v, low), b = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+        for (int m = 0; m < rows; m++) {
+            int32_t e;
+            memcpy(&e, x + (size_t)m * k + 4 * c, sizeof e);
+            const __m256i xe = _mm256_set1_epi32(e);
+            s[m][0] = _mm256_add_epi16(s[m][0], _mm256_maddubs_epi16(a, xe));
+            s[m][1] = _mm256_add_epi16(s[m][1], _mm256_maddubs_epi16(b, xe));
         }
     }
     const __m256i ones = _mm256_set1_epi16(1);
@@ -619,7 +631,7 @@ static inline __attribute__((always_inline)) void w4q_i8_tile_n(
         const uint8_t *hg = six ? hp + (size_t)g * chunks * I8_TILE : NULL;
         for (int c0 = 0; c0 < chunks; c0 += run) { /* int16 sums cannot saturate */
 #ifndef I8_VNNI
-            if (!six && !nl) { /* the common pass, its sums named (see below); chunks even */
+            if (!six && !nl) { /* the common pass, its sums named (see below) */
                 const int end = c0 + run < chunks ? c0 + run : chunks;
                 if (rows == 4)
                     w4q_chunks4(gp, xq + (size_t)g * gs, k, c0, end, dot);
