@@ -1104,7 +1104,7 @@ static void q8_i8_tile512(const int8_t *wp, const float *sp, const float *op, co
 #endif
 
 /* Pairs [p0, p1) of code rows against four rows of x (16-bit pairs, rows k / 2 apart), their
- * products added into dot: the sums in named variables and the multiply-adds in inline asm, as
+ * products added into dot: the sums in named variables and the work in inline asm, as
  * w4q_chunks4 (kept in an array, GCC spilled and reloaded them every pair). */
 static inline __attribute__((always_inline)) void q8_pairs4(const int8_t *wp, const int32_t *xw,
                                                             int k, int p0, int p1,
@@ -1115,24 +1115,26 @@ static inline __attribute__((always_inline)) void q8_pairs4(const int8_t *wp, co
     for (int p = p0; p < p1; p++) {
         const int8_t *pp = wp + (size_t)p * 2 * I8_TILE;
         if (p % 2 == 0) I8_PREFETCH(pp);
-        const __m128i c0 = _mm_loadu_si128((const __m128i *)pp);
-        const __m128i c1 = _mm_loadu_si128((const __m128i *)(pp + I8_TILE));
-        const __m256i w0 = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(c0, c1)); /* columns 0-7 */
-        const __m256i w1 = _mm256_cvtepi8_epi16(_mm_unpackhi_epi8(c0, c1)); /* 8-15 */
-        __m256i xb, t;
+        /* the codes' unpacking too (in C, GCC spilled one sum: a store and reload each pair) */
+        __m256i w0, w1, xb, t;
 #define I8_ROWQ8(xp, s0, s1)                                                                  \
         "vpbroadcastd " xp ", %[xb]\n\t"                                                      \
         "vpmaddwd %[xb], %[w0], %[t]\n\t"                                                     \
         "vpaddd %[t], " s0 ", " s0 "\n\t"                                                     \
         "vpmaddwd %[xb], %[w1], %[t]\n\t"                                                     \
         "vpaddd %[t], " s1 ", " s1 "\n\t"
-        __asm__(I8_ROWQ8("%[x0]", "%[s00]", "%[s01]") I8_ROWQ8("%[x1]", "%[s10]", "%[s11]")
+        __asm__("vmovdqu %[c0], %x[w0]\n\t"
+                "vpunpckhbw %[c1], %x[w0], %x[w1]\n\t" /* columns 8-15: (row 2p, row 2p + 1) */
+                "vpunpcklbw %[c1], %x[w0], %x[w0]\n\t" /* 0-7 */
+                "vpmovsxbw %x[w0], %[w0]\n\t"
+                "vpmovsxbw %x[w1], %[w1]\n\t"
+                I8_ROWQ8("%[x0]", "%[s00]", "%[s01]") I8_ROWQ8("%[x1]", "%[s10]", "%[s11]")
                 I8_ROWQ8("%[x2]", "%[s20]", "%[s21]") I8_ROWQ8("%[x3]", "%[s30]", "%[s31]")
                 : [s00] "+x"(s00), [s01] "+x"(s01), [s10] "+x"(s10), [s11] "+x"(s11),
                   [s20] "+x"(s20), [s21] "+x"(s21), [s30] "+x"(s30), [s31] "+x"(s31),
-                  [xb] "=&x"(xb), [t] "=&x"(t)
-                : [w0] "x"(w0), [w1] "x"(w1), [x0] "m"(xw[p]), [x1] "m"(x1[p]), [x2] "m"(x2[p]),
-                  [x3] "m"(x3[p]));
+                  [w0] "=&x"(w0), [w1] "=&x"(w1), [xb] "=&x"(xb), [t] "=&x"(t)
+                : [c0] "m"(*(const __m128i *)pp), [c1] "m"(*(const __m128i *)(pp + I8_TILE)),
+                  [x0] "m"(xw[p]), [x1] "m"(x1[p]), [x2] "m"(x2[p]), [x3] "m"(x3[p]));
 #undef I8_ROWQ8
     }
     dot[0][0] = s00, dot[0][1] = s01, dot[1][0] = s10, dot[1][1] = s11;
