@@ -477,6 +477,26 @@ static inline __attribute__((always_inline)) void w4q_chunks4(const uint8_t *gp,
 #endif
 
 #ifndef I8_VNNI
+/* The codes of chunks c and c + 1 (c even) of a 6-bit group (`gp`, its top bits `hg`): codes
+ * 0 and 1 chunk c's low and high column halves, 2 and 3 chunk c + 1's. */
+static inline __attribute__((always_inline)) void w6q_unpack_pair(const uint8_t *gp,
+                                                                  const uint8_t *hg, int c,
+                                                                  __m256i codes[4]) {
+    const __m256i low = _mm256_set1_epi8(0x0f), tops = _mm256_set1_epi8(0x30);
+    I8_PREFETCH(gp + c * 32);
+    if (c % 4 == 0) I8_PREFETCH_AHEAD(hg + (c / 2) * 32, I8_PREFETCH_BYTES / 2);
+    const __m256i ve = _mm256_loadu_si256((const __m256i *)(gp + c * 32));
+    const __m256i vo = _mm256_loadu_si256((const __m256i *)(gp + c * 32 + 32));
+    const __m256i h = _mm256_loadu_si256((const __m256i *)(hg + (c / 2) * 32));
+    codes[0] = _mm256_or_si256(_mm256_and_si256(ve, low),
+                               _mm256_and_si256(_mm256_slli_epi16(h, 4), tops));
+    codes[1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ve, 4), low),
+                               _mm256_and_si256(_mm256_slli_epi16(h, 2), tops));
+    codes[2] = _mm256_or_si256(_mm256_and_si256(vo, low), _mm256_and_si256(h, tops));
+    codes[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(vo, 4), low),
+                               _mm256_and_si256(_mm256_srli_epi16(h, 2), tops));
+}
+
 /* Chunks c and c + 1 (c even) of a 6-bit group (`gp`, its top bits `hg`) against four rows of
  * x, their sums widened into dot: as w4q_chunks4, a pair at a time (the int16 sums of 6-bit
  * codes hold two chunks, see the top). Through the generic loop GCC kept 16 sums in 16
@@ -484,19 +504,9 @@ static inline __attribute__((always_inline)) void w4q_chunks4(const uint8_t *gp,
 static inline __attribute__((always_inline)) void w6q_pair4(const uint8_t *gp, const uint8_t *hg,
                                                             const int8_t *x, int k, int c,
                                                             __m256i dot[][2]) {
-    const __m256i low = _mm256_set1_epi8(0x0f), tops = _mm256_set1_epi8(0x30);
-    I8_PREFETCH(gp + c * 32);
-    if (c % 4 == 0) I8_PREFETCH_AHEAD(hg + (c / 2) * 32, I8_PREFETCH_BYTES / 2);
-    const __m256i ve = _mm256_loadu_si256((const __m256i *)(gp + c * 32));
-    const __m256i vo = _mm256_loadu_si256((const __m256i *)(gp + c * 32 + 32));
-    const __m256i h = _mm256_loadu_si256((const __m256i *)(hg + (c / 2) * 32));
-    const __m256i ae = _mm256_or_si256(_mm256_and_si256(ve, low),
-                                       _mm256_and_si256(_mm256_slli_epi16(h, 4), tops));
-    const __m256i be = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ve, 4), low),
-                                       _mm256_and_si256(_mm256_slli_epi16(h, 2), tops));
-    const __m256i ao = _mm256_or_si256(_mm256_and_si256(vo, low), _mm256_and_si256(h, tops));
-    const __m256i bo = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(vo, 4), low),
-                                       _mm256_and_si256(_mm256_srli_epi16(h, 2), tops));
+    __m256i codes[4];
+    w6q_unpack_pair(gp, hg, c, codes);
+    const __m256i ae = codes[0], be = codes[1], ao = codes[2], bo = codes[3];
     const int8_t *x1 = x + k, *x2 = x + 2 * (size_t)k, *x3 = x + 3 * (size_t)k;
     __m256i s00, s01, s10, s11, s20, s21, s30, s31, xb, t;
 #define I8_ROW6(xe, xo, s0, s1)                                                               \
@@ -579,19 +589,9 @@ static inline __attribute__((always_inline)) void w4q_chunks_n(const uint8_t *gp
 static inline __attribute__((always_inline)) void w6q_pair_n(const uint8_t *gp, const uint8_t *hg,
                                                              const int8_t *x, int k, int c,
                                                              __m256i dot[][2], int rows) {
-    const __m256i low = _mm256_set1_epi8(0x0f), tops = _mm256_set1_epi8(0x30);
-    I8_PREFETCH(gp + c * 32);
-    if (c % 4 == 0) I8_PREFETCH_AHEAD(hg + (c / 2) * 32, I8_PREFETCH_BYTES / 2);
-    const __m256i ve = _mm256_loadu_si256((const __m256i *)(gp + c * 32));
-    const __m256i vo = _mm256_loadu_si256((const __m256i *)(gp + c * 32 + 32));
-    const __m256i h = _mm256_loadu_si256((const __m256i *)(hg + (c / 2) * 32));
-    const __m256i ae = _mm256_or_si256(_mm256_and_si256(ve, low),
-                                       _mm256_and_si256(_mm256_slli_epi16(h, 4), tops));
-    const __m256i be = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ve, 4), low),
-                                       _mm256_and_si256(_mm256_slli_epi16(h, 2), tops));
-    const __m256i ao = _mm256_or_si256(_mm256_and_si256(vo, low), _mm256_and_si256(h, tops));
-    const __m256i bo = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(vo, 4), low),
-                                       _mm256_and_si256(_mm256_srli_epi16(h, 2), tops));
+    __m256i codes[4];
+    w6q_unpack_pair(gp, hg, c, codes);
+    const __m256i ae = codes[0], be = codes[1], ao = codes[2], bo = codes[3];
     const __m256i ones = _mm256_set1_epi16(1);
     for (int m = 0; m < rows; m++) {
         int32_t e, o;
