@@ -432,10 +432,21 @@ static inline __attribute__((always_inline)) void w4_i8_tile_n(
 }
 
 #ifndef I8_VNNI
-/* Chunks [c0, end) of a 4-bit group (`gp`) against four rows of x (`x`, rows k apart), their
- * sums widened into dot: the sums in named variables, each chunk's products added as they
- * come (inline asm: this file is GNU C, as its attributes are). Kept in arrays, GCC spilled
- * one and copied the others between registers every chunk (16 AVX2 registers). */
+/* Four rows' int16 sums (sRH: row R, column half H) widened to int32 and added into dot. */
+static inline __attribute__((always_inline)) void i8_widen_into(
+    __m256i dot[][2], __m256i s00, __m256i s01, __m256i s10, __m256i s11, __m256i s20,
+    __m256i s21, __m256i s30, __m256i s31) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    dot[0][0] = _mm256_add_epi32(dot[0][0], _mm256_madd_epi16(s00, ones));
+    dot[0][1] = _mm256_add_epi32(dot[0][1], _mm256_madd_epi16(s01, ones));
+    dot[1][0] = _mm256_add_epi32(dot[1][0], _mm256_madd_epi16(s10, ones));
+    dot[1][1] = _mm256_add_epi32(dot[1][1], _mm256_madd_epi16(s11, ones));
+    dot[2][0] = _mm256_add_epi32(dot[2][0], _mm256_madd_epi16(s20, ones));
+    dot[2][1] = _mm256_add_epi32(dot[2][1], _mm256_madd_epi16(s21, ones));
+    dot[3][0] = _mm256_add_epi32(dot[3][0], _mm256_madd_epi16(s30, ones));
+    dot[3][1] = _mm256_add_epi32(dot[3][1], _mm256_madd_epi16(s31, ones));
+}
+
 static inline __attribute__((always_inline)) void w4q_chunks4(const uint8_t *gp, const int8_t *x,
                                                               int k, int c0, int end,
                                                               __m256i dot[][2]) {
@@ -464,15 +475,7 @@ static inline __attribute__((always_inline)) void w4q_chunks4(const uint8_t *gp,
                   [x3] "m"(*(const int32_t *)(x3 + 4 * c)));
 #undef I8_ROW4
     }
-    const __m256i ones = _mm256_set1_epi16(1);
-    dot[0][0] = _mm256_add_epi32(dot[0][0], _mm256_madd_epi16(s00, ones));
-    dot[0][1] = _mm256_add_epi32(dot[0][1], _mm256_madd_epi16(s01, ones));
-    dot[1][0] = _mm256_add_epi32(dot[1][0], _mm256_madd_epi16(s10, ones));
-    dot[1][1] = _mm256_add_epi32(dot[1][1], _mm256_madd_epi16(s11, ones));
-    dot[2][0] = _mm256_add_epi32(dot[2][0], _mm256_madd_epi16(s20, ones));
-    dot[2][1] = _mm256_add_epi32(dot[2][1], _mm256_madd_epi16(s21, ones));
-    dot[3][0] = _mm256_add_epi32(dot[3][0], _mm256_madd_epi16(s30, ones));
-    dot[3][1] = _mm256_add_epi32(dot[3][1], _mm256_madd_epi16(s31, ones));
+    i8_widen_into(dot, s00, s01, s10, s11, s20, s21, s30, s31);
 }
 #endif
 
@@ -529,15 +532,7 @@ static inline __attribute__((always_inline)) void w6q_pair4(const uint8_t *gp, c
               [x2] "m"(*(const int32_t *)(x2 + 4 * c)), [y2] "m"(*(const int32_t *)(x2 + 4 * c + 4)),
               [x3] "m"(*(const int32_t *)(x3 + 4 * c)), [y3] "m"(*(const int32_t *)(x3 + 4 * c + 4)));
 #undef I8_ROW6
-    const __m256i ones = _mm256_set1_epi16(1);
-    dot[0][0] = _mm256_add_epi32(dot[0][0], _mm256_madd_epi16(s00, ones));
-    dot[0][1] = _mm256_add_epi32(dot[0][1], _mm256_madd_epi16(s01, ones));
-    dot[1][0] = _mm256_add_epi32(dot[1][0], _mm256_madd_epi16(s10, ones));
-    dot[1][1] = _mm256_add_epi32(dot[1][1], _mm256_madd_epi16(s11, ones));
-    dot[2][0] = _mm256_add_epi32(dot[2][0], _mm256_madd_epi16(s20, ones));
-    dot[2][1] = _mm256_add_epi32(dot[2][1], _mm256_madd_epi16(s21, ones));
-    dot[3][0] = _mm256_add_epi32(dot[3][0], _mm256_madd_epi16(s30, ones));
-    dot[3][1] = _mm256_add_epi32(dot[3][1], _mm256_madd_epi16(s31, ones));
+    i8_widen_into(dot, s00, s01, s10, s11, s20, s21, s30, s31);
 }
 
 /* w4q_chunks4 for 1-3 rows (`rows` a constant after inlining), in intrinsics, two chunks a
