@@ -18,7 +18,8 @@ IQ4_NL (zero point NL) keeps its 4-bit codes and scales alone: code q stands for
 look the bytes up (`vpshufb`).
 
 The products go through int8 activations (as llama.cpp's do) on every x86 build from AVX2
-on and on NEON (`available`); elsewhere these types stay int8 blocks.
+on and on NEON (`available`); elsewhere these types stay int8 blocks. The activations take a
+scale per group, or per super-block of 256 values for super-block scales (`activation_block`).
 """
 
 from __future__ import annotations
@@ -106,6 +107,13 @@ def values_of(codes: torch.Tensor, zero_point: int) -> torch.Tensor:
 KQ_RECORD = 160  # uint16 per tile and 256 values of K: d [16], dmin [16], sc [8][16], m [8][16] (u8)
 
 
+def activation_block(zero_point: int, group_size: int) -> int:
+    """How many values of K share an int8 activation scale in the product of a matrix of this
+    form: its groups, or 256 for super-block scales (as llama.cpp's Q8_K), where the AVX2
+    loops then sum a super-block's groups in int32 and apply the float scales once."""
+    return 256 if zero_point == KQ else group_size
+
+
 def group_size(packed: torch.Tensor, sb: torch.Tensor, zero_point: int = 0) -> int:
     """The layer's group size."""
     return 32 if zero_point == KQ else packed.shape[1] * 4 // sb.shape[1]
@@ -164,7 +172,8 @@ def dequantize(packed: torch.Tensor, high: torch.Tensor | None, sb: torch.Tensor
 def matmul(x: torch.Tensor, packed: torch.Tensor, high: torch.Tensor | None, sb: torch.Tensor,
            zero_point: int = 0, isa: str | None = None, plain: bool = False) -> torch.Tensor:
     """`x @ W.T` for float32 or bf16 `x` `[M, K]` (other dtypes through float32), in x's
-    dtype, through int8 activations per group; `plain` takes the plain-C loops (float32)."""
+    dtype, through int8 activations per group (per super-block: `activation_block`);
+    `plain` takes the plain-C loops (float32)."""
     lib = native.library(isa)
     if lib is None:
         raise RuntimeError("the CPU 6-bit kernel is not available on this machine")

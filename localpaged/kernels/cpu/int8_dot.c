@@ -25,9 +25,12 @@
  * (zp == I8_KQ, GGUF Q4_K's own form, groups of 32): per 256 values of K and column a float16
  * d and dmin and per group a 6-bit scale sc and min m, [N/16][K/256] records of 320 bytes
  * (d [16], dmin [16] float16, sc [8][16], m [8][16] uint8): scale d * sc, offset -(dmin * m),
- * both exact in float32 (11 by 6 bits). The products of two codes of up to 63 with
- * activations of up to 127 fill an int16 lane to 32004: `vpmaddubsw` sums are widened every
- * 2 chunks.
+ * both exact in float32 (11 by 6 bits). Their activations are quantized per super-block (as
+ * llama.cpp's Q8_K), so that the AVX2 loops without VNNI widen each group's int16 sums by its
+ * scales sc into one int32 sum per super-block and apply d, dmin and dx once per super-block
+ * (the mins through the sums of the activations' codes per group). The products of two
+ * codes of up to 63 with activations of up to 127 fill an int16 lane to 32004: `vpmaddubsw`
+ * sums are widened every 2 chunks.
  * IQ4_NL's code book (zp == I8_NL, 4-bit codes, scales alone, sb as for symmetric groups):
  * code q stands for the unsigned byte I8_NL_VALUES[q] = kvalues_iq4nl[q] + 128 (1..241), the
  * weight being (I8_NL_VALUES[q] - 128) * scale, so the offset is -128 * scale (exact). The
@@ -249,6 +252,27 @@ static void quantize_rows_i8(const void *x, int x_bf16, int rows, int k, int bs,
     }
 }
 
+/* x quantized per super-block of 256 values of K (as llama.cpp's Q8_K for its K-quants), for
+ * super-block scales (I8_KQ): per group of gs values its super-block's scale dx, the sum of
+ * its codes (bsum) and dx times that (xs), the per-group form every loop reads. One scale per
+ * super-block lets the AVX2 loops sum its groups in int32. Returns 0, or -1 without memory. */
+static int quantize_rows_super(const void *x, int x_bf16, int rows, int k, int gs, int8_t *xq,
+                               float *dx, float *xs, int16_t *bsum, int threads) {
+    const int per = 256 / gs, groups = k / gs;
+    float *d256 = malloc(sizeof(float) * ((size_t)rows * (k / 256) + 1));
+    if (d256 == NULL) return -1;
+    quantize_rows_i8(x, x_bf16, rows, k, 256, xq, d256, NULL, threads);
+    for (size_t i = 0; i < (size_t)rows * groups; i++) {
+        int32_t sum = 0;
+        for (int j = 0; j < gs; j++) sum += xq[i * gs + j];
+        dx[i] = d256[i / per];
+        bsum[i] = (int16_t)sum; /* |sum| <= 127 * gs */
+        xs[i] = dx[i] * (float)sum;
+    }
+    free(d256);
+    return 0;
+}
+
 /* The 4-bit product of one tile (16 columns) for `rows` rows, plain C: acc [rows][16]. */
 static void w4_i8_tile_plain(const uint8_t *wp, const uint16_t *sbp, const int8_t *xq,
                              const float *dx, const float *xs, float *acc, int rows, int k,
@@ -432,24 +456,36 @@ static inline __attribute__((always_inline)) void w4_i8_tile_n(
 }
 
 #ifndef I8_VNNI
-/* Four rows' int16 sums (sRH: row R, column half H) widened to int32 and added into dot. */
+/* Four rows' int16 sums (sRH: row R, column half H) widened to int32, each column's pair
+ * of lanes times its int16 multiplier in w0 (columns 0-7) or w1 (8-15): ones, or a group's
+ * scales (i8_pairs_half), and added into dot. */
 static inline __attribute__((always_inline)) void i8_widen_into(
     __m256i dot[][2], __m256i s00, __m256i s01, __m256i s10, __m256i s11, __m256i s20,
-    __m256i s21, __m256i s30, __m256i s31) {
-    const __m256i ones = _mm256_set1_epi16(1);
-    dot[0][0] = _mm256_add_epi32(dot[0][0], _mm256_madd_epi16(s00, ones));
-    dot[0][1] = _mm256_add_epi32(dot[0][1], _mm256_madd_epi16(s01, ones));
-    dot[1][0] = _mm256_add_epi32(dot[1][0], _mm256_madd_epi16(s10, ones));
-    dot[1][1] = _mm256_add_epi32(dot[1][1], _mm256_madd_epi16(s11, ones));
-    dot[2][0] = _mm256_add_epi32(dot[2][0], _mm256_madd_epi16(s20, ones));
-    dot[2][1] = _mm256_add_epi32(dot[2][1], _mm256_madd_epi16(s21, ones));
-    dot[3][0] = _mm256_add_epi32(dot[3][0], _mm256_madd_epi16(s30, ones));
-    dot[3][1] = _mm256_add_epi32(dot[3][1], _mm256_madd_epi16(s31, ones));
+    __m256i s21, __m256i s30, __m256i s31, __m256i w0, __m256i w1) {
+    dot[0][0] = _mm256_add_epi32(dot[0][0], _mm256_madd_epi16(s00, w0));
+    dot[0][1] = _mm256_add_epi32(dot[0][1], _mm256_madd_epi16(s01, w1));
+    dot[1][0] = _mm256_add_epi32(dot[1][0], _mm256_madd_epi16(s10, w0));
+    dot[1][1] = _mm256_add_epi32(dot[1][1], _mm256_madd_epi16(s11, w1));
+    dot[2][0] = _mm256_add_epi32(dot[2][0], _mm256_madd_epi16(s20, w0));
+    dot[2][1] = _mm256_add_epi32(dot[2][1], _mm256_madd_epi16(s21, w1));
+    dot[3][0] = _mm256_add_epi32(dot[3][0], _mm256_madd_epi16(s30, w0));
+    dot[3][1] = _mm256_add_epi32(dot[3][1], _mm256_madd_epi16(s31, w1));
+}
+
+/* The 8-bit values of groups g and g + 1 (16 bytes each, one a column) of column half h as
+ * int16 pairs, lane 2j = column 8h + j of g, lane 2j + 1 of g + 1 (for `vpmaddwd`). */
+static inline __attribute__((always_inline)) __m256i i8_pairs_half(const uint8_t *g0,
+                                                                   const uint8_t *g1, int h) {
+    const __m256i a = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)g0));
+    const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)g1));
+    const __m256i lo = _mm256_unpacklo_epi16(a, b), hi = _mm256_unpackhi_epi16(a, b);
+    return h ? _mm256_permute2x128_si256(lo, hi, 0x31) : _mm256_permute2x128_si256(lo, hi, 0x20);
 }
 
 static inline __attribute__((always_inline)) void w4q_chunks4(const uint8_t *gp, const int8_t *x,
                                                               int k, int c0, int end,
-                                                              __m256i dot[][2]) {
+                                                              __m256i dot[][2], __m256i w0,
+                                                              __m256i w1) {
     const __m256i low = _mm256_set1_epi8(0x0f);
     const int8_t *x1 = x + k, *x2 = x + 2 * (size_t)k, *x3 = x + 3 * (size_t)k;
     __m256i s00 = _mm256_setzero_si256(), s01 = s00, s10 = s00, s11 = s00, s20 = s00, s21 = s00,
@@ -475,7 +511,7 @@ static inline __attribute__((always_inline)) void w4q_chunks4(const uint8_t *gp,
                   [x3] "m"(*(const int32_t *)(x3 + 4 * c)));
 #undef I8_ROW4
     }
-    i8_widen_into(dot, s00, s01, s10, s11, s20, s21, s30, s31);
+    i8_widen_into(dot, s00, s01, s10, s11, s20, s21, s30, s31, w0, w1);
 }
 #endif
 
@@ -532,14 +568,16 @@ static inline __attribute__((always_inline)) void w6q_pair4(const uint8_t *gp, c
               [x2] "m"(*(const int32_t *)(x2 + 4 * c)), [y2] "m"(*(const int32_t *)(x2 + 4 * c + 4)),
               [x3] "m"(*(const int32_t *)(x3 + 4 * c)), [y3] "m"(*(const int32_t *)(x3 + 4 * c + 4)));
 #undef I8_ROW6
-    i8_widen_into(dot, s00, s01, s10, s11, s20, s21, s30, s31);
+    const __m256i ones = _mm256_set1_epi16(1);
+    i8_widen_into(dot, s00, s01, s10, s11, s20, s21, s30, s31, ones, ones);
 }
 
 /* w4q_chunks4 for 1-3 rows (`rows` a constant after inlining), in intrinsics, two chunks a
  * step (and a last one alone). */
 static inline __attribute__((always_inline)) void w4q_chunks_n(const uint8_t *gp, const int8_t *x,
                                                                int k, int c0, int end,
-                                                               __m256i dot[][2], int rows) {
+                                                               __m256i dot[][2], int rows,
+                                                               __m256i w0, __m256i w1) {
     const __m256i low = _mm256_set1_epi8(0x0f);
     __m256i s[3][2];
     for (int m = 0; m < rows; m++) s[m][0] = s[m][1] = _mm256_setzero_si256();
@@ -572,10 +610,9 @@ static inline __attribute__((always_inline)) void w4q_chunks_n(const uint8_t *gp
             s[m][1] = _mm256_add_epi16(s[m][1], _mm256_maddubs_epi16(b, xe));
         }
     }
-    const __m256i ones = _mm256_set1_epi16(1);
     for (int m = 0; m < rows; m++) {
-        dot[m][0] = _mm256_add_epi32(dot[m][0], _mm256_madd_epi16(s[m][0], ones));
-        dot[m][1] = _mm256_add_epi32(dot[m][1], _mm256_madd_epi16(s[m][1], ones));
+        dot[m][0] = _mm256_add_epi32(dot[m][0], _mm256_madd_epi16(s[m][0], w0));
+        dot[m][1] = _mm256_add_epi32(dot[m][1], _mm256_madd_epi16(s[m][1], w1));
     }
 }
 
@@ -601,10 +638,65 @@ static inline __attribute__((always_inline)) void w6q_pair_n(const uint8_t *gp, 
 }
 #endif
 
-/* w4q_i8_tile_plain with AVX2, `rows` (1..I8_ROWS) a constant after inlining. */
+#ifndef I8_VNNI
+/* Super-block sb of a Q4_K tile done (I8_KQ, activations per super-block): each row's int32
+ * sums of sc * (codes x activations) over its groups in sacc, out += dx * d * sacc. */
+static inline __attribute__((always_inline)) void i8_kq_super_end(
+    const uint16_t *sbp, int sb, const float *dx, int groups, int rows, __m256i sacc[][2],
+    __m256 out[][2]) {
+    const uint16_t *rec = sbp + (size_t)sb * I8_KQ_RECORD;
+    const __m256 d0 = load_f16x8(rec), d1 = load_f16x8(rec + 8);
+#pragma GCC unroll 4
+    for (int m = 0; m < I8_ROWS; m++) {
+        if (m >= rows) continue;
+        const __m256 x = _mm256_set1_ps(dx[(size_t)m * groups + 8 * sb]);
+        out[m][0] = _mm256_fmadd_ps(_mm256_mul_ps(x, d0), _mm256_cvtepi32_ps(sacc[m][0]), out[m][0]);
+        out[m][1] = _mm256_fmadd_ps(_mm256_mul_ps(x, d1), _mm256_cvtepi32_ps(sacc[m][1]), out[m][1]);
+    }
+}
+
+/* The mins' part of a Q4_K tile (I8_KQ, activations per super-block, `bsum` the sums of their
+ * codes per group): out -= dx * dmin * sum(m * bsum) per super-block, a column half at a
+ * time (apart from the loop over K, for the registers). */
+static inline __attribute__((always_inline)) void i8_kq_mins(const uint16_t *sbp,
+                                                             const int16_t *bsum, const float *dx,
+                                                             int k, int gs, int rows,
+                                                             __m256 out[][2]) {
+    const int groups = k / gs;
+    for (int sb = 0; sb < k / 256; sb++) {
+        const uint16_t *rec = sbp + (size_t)sb * I8_KQ_RECORD;
+        const uint8_t *mn = (const uint8_t *)(rec + 2 * I8_TILE) + 8 * I8_TILE;
+        for (int h = 0; h < 2; h++) {
+            const __m256 dmin = load_f16x8(rec + I8_TILE + 8 * h);
+            __m256i mp[4]; /* the mins of groups 2p and 2p + 1, paired per column */
+            for (int p = 0; p < 4; p++)
+                mp[p] = i8_pairs_half(mn + 2 * p * I8_TILE, mn + (2 * p + 1) * I8_TILE, h);
+#pragma GCC unroll 4
+            for (int m = 0; m < I8_ROWS; m++) {
+                if (m >= rows) continue;
+                const int16_t *bs = bsum + (size_t)m * groups + 8 * sb;
+                __m256i b = _mm256_setzero_si256();
+                for (int p = 0; p < 4; p++) {
+                    int32_t two; /* the sums of groups 2p and 2p + 1 */
+                    memcpy(&two, bs + 2 * p, sizeof two);
+                    b = _mm256_add_epi32(b, _mm256_madd_epi16(mp[p], _mm256_set1_epi32(two)));
+                }
+                const __m256 x = _mm256_set1_ps(dx[(size_t)m * groups + 8 * sb]);
+                out[m][h] = _mm256_fnmadd_ps(_mm256_mul_ps(x, dmin), _mm256_cvtepi32_ps(b), out[m][h]);
+            }
+        }
+    }
+}
+#endif
+
+/* w4q_i8_tile_plain with AVX2, `rows` (1..I8_ROWS) a constant after inlining. With `bsum`
+ * (I8_KQ: activations per super-block, see w4_gemm_i8) the builds without VNNI sum a
+ * super-block's groups in int32, each widened by its 6-bit scales, and apply the float32
+ * scales once per super-block: the per-group float work was a quarter of the tile's time. */
 static inline __attribute__((always_inline)) void w4q_i8_tile_n(
     const uint8_t *wp, const uint8_t *hp, const uint16_t *sbp, int zp, const int8_t *xq,
-    const float *dx, const float *xs, float *acc, int rows, int k, int gs, int six, int nl) {
+    const float *dx, const float *xs, float *acc, int rows, int k, int gs, int six, int nl,
+    const int16_t *bsum) {
     const int groups = k / gs, chunks = gs / 4;
     const int run = six ? 2 : 8; /* chunks per int16 sum (see the top) */
     const __m256i low = _mm256_set1_epi8(0x0f), tops = _mm256_set1_epi8(0x30);
@@ -616,22 +708,44 @@ static inline __attribute__((always_inline)) void w4q_i8_tile_n(
 #else
     (void)book;
 #endif
+#ifndef I8_VNNI
+    const int super = zp == I8_KQ && bsum != NULL && !six && !nl;
+#else
+    (void)bsum;
+#endif
     __m256 out[I8_ROWS][2];
     for (int m = 0; m < I8_ROWS; m++) out[m][0] = out[m][1] = _mm256_setzero_ps();
+    __m256i dot[I8_ROWS][2];
+    for (int m = 0; m < I8_ROWS; m++) dot[m][0] = dot[m][1] = _mm256_setzero_si256();
     for (int g = 0; g < groups; g++) {
         i8_prefetch_scales(sbp, zp, g, gs);
         const uint8_t *gp = wp + (size_t)g * chunks * 2 * I8_TILE;
-        __m256i dot[I8_ROWS][2];
-        for (int m = 0; m < I8_ROWS; m++) dot[m][0] = dot[m][1] = _mm256_setzero_si256();
+#ifndef I8_VNNI
+        if (!super || g % 8 == 0) /* a super-block's groups sum into dot */
+#endif
+            for (int m = 0; m < I8_ROWS; m++) dot[m][0] = dot[m][1] = _mm256_setzero_si256();
         const uint8_t *hg = six ? hp + (size_t)g * chunks * I8_TILE : NULL;
+#ifndef I8_VNNI
+        __m256i w0 = ones, w1 = ones; /* the widening's multipliers: the group's scales */
+        if (super) {
+            const uint8_t *sc = (const uint8_t *)(sbp + (size_t)(g / 8) * I8_KQ_RECORD + 2 * I8_TILE) +
+                                (g % 8) * I8_TILE;
+            /* each scale zero-extended into both int16 lanes of its column's pair */
+            const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)sc));
+            w0 = _mm256_shuffle_epi8(v, _mm256_setr_epi8(0, -1, 0, -1, 1, -1, 1, -1, 2, -1, 2, -1, 3, -1, 3, -1,
+                                                         4, -1, 4, -1, 5, -1, 5, -1, 6, -1, 6, -1, 7, -1, 7, -1));
+            w1 = _mm256_shuffle_epi8(v, _mm256_setr_epi8(8, -1, 8, -1, 9, -1, 9, -1, 10, -1, 10, -1, 11, -1, 11, -1,
+                                                         12, -1, 12, -1, 13, -1, 13, -1, 14, -1, 14, -1, 15, -1, 15, -1));
+        }
+#endif
         for (int c0 = 0; c0 < chunks; c0 += run) { /* int16 sums cannot saturate */
 #ifndef I8_VNNI
             if (!six && !nl) { /* the common pass, its sums named (see below) */
                 const int end = c0 + run < chunks ? c0 + run : chunks;
                 if (rows == 4)
-                    w4q_chunks4(gp, xq + (size_t)g * gs, k, c0, end, dot);
+                    w4q_chunks4(gp, xq + (size_t)g * gs, k, c0, end, dot, w0, w1);
                 else
-                    w4q_chunks_n(gp, xq + (size_t)g * gs, k, c0, end, dot, rows);
+                    w4q_chunks_n(gp, xq + (size_t)g * gs, k, c0, end, dot, rows, w0, w1);
                 continue;
             }
             if (six && !nl) { /* run is 2, chunks even */
@@ -705,6 +819,12 @@ static inline __attribute__((always_inline)) void w4q_i8_tile_n(
             }
 #endif
         }
+#ifndef I8_VNNI
+        if (super) {
+            if (g % 8 == 7) i8_kq_super_end(sbp, g / 8, dx, groups, rows, dot, out);
+            continue;
+        }
+#endif
         __m256 s0, s1, b0, b1;
         if (zp == I8_KQ) { /* d * sc and -(dmin * m) */
             const uint16_t *rec = sbp + (size_t)(g / 8) * I8_KQ_RECORD;
@@ -736,6 +856,9 @@ static inline __attribute__((always_inline)) void w4q_i8_tile_n(
             out[m][1] = _mm256_fmadd_ps(b1, sx, out[m][1]);
         }
     }
+#ifndef I8_VNNI
+    if (super) i8_kq_mins(sbp, bsum, dx, k, gs, rows, out);
+#endif
     for (int m = 0; m < rows; m++) {
         _mm256_storeu_ps(acc + m * I8_TILE, out[m][0]);
         _mm256_storeu_ps(acc + m * I8_TILE + 8, out[m][1]);
@@ -806,7 +929,9 @@ static inline __attribute__((always_inline)) __m512i w4q_chunk512(const uint8_t 
  * operations per column as the 256-bit tile. */
 static inline __attribute__((always_inline)) void w4q_i8_tile512_n(
     const uint8_t *wp, const uint8_t *hp, const uint16_t *sbp, int zp, const int8_t *xq,
-    const float *dx, const float *xs, float *acc, int rows, int k, int gs, int six, int nl) {
+    const float *dx, const float *xs, float *acc, int rows, int k, int gs, int six, int nl,
+    const int16_t *bsum) {
+    (void)bsum; /* the super-block sums are the 256-bit tile's */
     const int groups = k / gs, chunks = gs / 4;
     const __m512i low = _mm512_set1_epi8(0x0f);
 #ifdef __AVX512VNNI__
@@ -1203,8 +1328,8 @@ static void w4_i8_tile(const uint8_t *wp, const uint16_t *sbp, const int8_t *xq,
 
 /* `hp`: the 6-bit layout's top bits (NULL: 4-bit codes). */
 static void w4q_i8_tile(const uint8_t *wp, const uint8_t *hp, const uint16_t *sbp, int zp,
-                        const int8_t *xq, const float *dx, const float *xs, float *acc, int rows,
-                        int k, int gs) {
+                        const int8_t *xq, const float *dx, const float *xs, const int16_t *bsum,
+                        float *acc, int rows, int k, int gs) {
 #ifdef I8_WIDE_ROWS
     if (rows > I8_ROWS) {
         switch (rows + I8_WIDE_ROWS * (hp != NULL) + 2 * I8_WIDE_ROWS * (zp == I8_NL)) {
@@ -1223,9 +1348,9 @@ static void w4q_i8_tile(const uint8_t *wp, const uint8_t *hp, const uint16_t *sb
 #define I8_QUADS w4q_i8_tile_n
 #endif
     switch (rows + 4 * (hp != NULL) + 8 * (zp == I8_NL)) {
-#define I8_CASE(r) case r: I8_QUADS(wp, hp, sbp, zp, xq, dx, xs, acc, r, k, gs, 0, 0); break; \
-                   case r + 4: I8_QUADS(wp, hp, sbp, zp, xq, dx, xs, acc, r, k, gs, 1, 0); break; \
-                   case r + 8: I8_QUADS(wp, hp, sbp, zp, xq, dx, xs, acc, r, k, gs, 0, 1); break;
+#define I8_CASE(r) case r: I8_QUADS(wp, hp, sbp, zp, xq, dx, xs, acc, r, k, gs, 0, 0, bsum); break; \
+                   case r + 4: I8_QUADS(wp, hp, sbp, zp, xq, dx, xs, acc, r, k, gs, 1, 0, bsum); break; \
+                   case r + 8: I8_QUADS(wp, hp, sbp, zp, xq, dx, xs, acc, r, k, gs, 0, 1, bsum); break;
         I8_CASE(1) I8_CASE(2) I8_CASE(3) I8_CASE(4)
 #undef I8_CASE
     }
@@ -1408,8 +1533,9 @@ static void q8_i8_tile(const int8_t *wp, const float *sp, const float *op, const
  * The same integers as the plain C, the scales applied with its float operations in its
  * order (bit for bit where the compiler does not fuse them there). */
 static void w4q_i8_tile(const uint8_t *wp, const uint8_t *hp, const uint16_t *sbp, int zp,
-                        const int8_t *xq, const float *dx, const float *xs, float *acc, int rows,
-                        int k, int gs) {
+                        const int8_t *xq, const float *dx, const float *xs, const int16_t *bsum,
+                        float *acc, int rows, int k, int gs) {
+    (void)bsum; /* the super-block sums are the AVX2 tile's */
     static const int8_t book_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                            1, 13, 25, 38, 53, 69, 89, 113};
     const int groups = k / gs, chunks = gs / 4, nl = zp == I8_NL;
@@ -1550,13 +1676,18 @@ static int w4_gemm_i8(const void *x, const uint8_t *packed, const uint8_t *high,
     int8_t *xq = malloc((size_t)m_rows * k + 64);
     float *dx = malloc(sizeof(float) * ((size_t)m_rows * groups + 1));
     float *xs = malloc(sizeof(float) * ((size_t)m_rows * groups + 1));
-    if (xq == NULL || dx == NULL || xs == NULL) {
+    /* super-block scales: activations per super-block (quantize_rows_super) */
+    const int super = zp == I8_KQ && k % 256 == 0 && 256 % gs == 0;
+    int16_t *bsum = super ? malloc(sizeof(int16_t) * ((size_t)m_rows * groups + 2)) : NULL;
+    if (xq == NULL || dx == NULL || xs == NULL || (super && bsum == NULL) ||
+        (super && quantize_rows_super(x, y_bf16, m_rows, k, gs, xq, dx, xs, bsum, threads))) {
         free(xq);
         free(dx);
         free(xs);
+        free(bsum);
         return -1;
     }
-    quantize_rows_i8(x, y_bf16, m_rows, k, gs, xq, dx, xs, threads);
+    if (!super) quantize_rows_i8(x, y_bf16, m_rows, k, gs, xq, dx, xs, threads);
 #ifdef I8_AVX512
     /* The pairs layout's 512-bit tile reads x with each 8 values reordered. */
     const int wide = !plain && !quads && gs % 8 == 0;
@@ -1565,6 +1696,7 @@ static int w4_gemm_i8(const void *x, const uint8_t *packed, const uint8_t *high,
         free(xq);
         free(dx);
         free(xs);
+        free(bsum);
         return -1;
     }
     if (wide) i8_evens_odds(xq, xp, (size_t)m_rows * k);
@@ -1597,7 +1729,8 @@ static int w4_gemm_i8(const void *x, const uint8_t *packed, const uint8_t *high,
 #endif
 #if defined(I8_AVX2) || defined(I8_NEON)
                 if (!plain && quads)
-                    w4q_i8_tile(wp, hp, sbp, zp, xm, dm, sm, acc, rows, k, gs);
+                    w4q_i8_tile(wp, hp, sbp, zp, xm, dm, sm, bsum != NULL ? bsum + (size_t)m0 * groups : NULL,
+                                acc, rows, k, gs);
                 else
 #endif
 #if defined(I8_AVX2) || defined(I8_NEON)
@@ -1618,6 +1751,7 @@ static int w4_gemm_i8(const void *x, const uint8_t *packed, const uint8_t *high,
     free(xq);
     free(dx);
     free(xs);
+    free(bsum);
 #ifdef I8_AVX512
     free(xp);
 #endif
