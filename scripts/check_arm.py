@@ -326,8 +326,9 @@ def w6_calls() -> list[Call]:
         w = cpu_w6.dequantize(packed, high, sb, zp)
         x = torch.randn(rows, k, generator=g)
         x[0, : k // 2] = x[0, : k // 2].abs() * 10  # one sign at the largest codes
-        ref = _int8_reference(x, w, cpu_w6.group_size(packed, sb, zp))
         gs = cpu_w6.group_size(packed, sb, zp)
+        block = cpu_w6.activation_block(zp, gs)  # per super-block for KQ
+        ref = _int8_reference(x, w, block)
         tag = f"{rows}x{k}x{n}/g{gs} zp={zp}{' 6-bit' if six else ''}"
         for plain in (1, 0):
             y = torch.zeros(rows, n)
@@ -338,7 +339,7 @@ def w6_calls() -> list[Call]:
         y = torch.zeros(rows, n, dtype=torch.bfloat16)
         calls.append(Call(f"w6_gemm_bf16 {tag}", "w6_gemm_bf16",
                           [xb, packed, high, sb, zp, y, rows, k, n, gs, THREADS], [y],
-                          reference=[_int8_reference(xb.float(), w, gs)], tolerance=2**-7))
+                          reference=[_int8_reference(xb.float(), w, block)], tolerance=2**-7))
     return calls
 
 
