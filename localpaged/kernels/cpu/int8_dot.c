@@ -262,9 +262,10 @@ static int quantize_rows_super(const void *x, int x_bf16, int rows, int k, int g
     float *d256 = malloc(sizeof(float) * ((size_t)rows * (k / 256) + 1));
     if (d256 == NULL) return -1;
     quantize_rows_i8(x, x_bf16, rows, k, 256, xq, d256, NULL, threads);
-    for (size_t i = 0; i < (size_t)rows * groups; i++) {
+#pragma omp parallel for num_threads(threads) schedule(static) if (rows * k >= 65536)
+    for (int i = 0; i < rows * groups; i++) {
         int32_t sum = 0;
-        for (int j = 0; j < gs; j++) sum += xq[i * gs + j];
+        for (int j = 0; j < gs; j++) sum += xq[(size_t)i * gs + j];
         dx[i] = d256[i / per];
         bsum[i] = (int16_t)sum; /* |sum| <= 127 * gs */
         xs[i] = dx[i] * (float)sum;
