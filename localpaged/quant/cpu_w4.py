@@ -66,10 +66,15 @@ def holds_exactly(w: Int4Weight) -> bool:
 def pack(w: Int4Weight) -> tuple[torch.Tensor, torch.Tensor]:
     """(`packed`, `sb`) for the kernel from `w` (rows in stored order: an act-order layer's
     input must be permuted by `w.perm` before the matmul)."""
-    codes = w.codes().to(torch.uint8)  # [K, N]
-    k, n = codes.shape
-    pairs = codes.reshape(k // 2, 2, n // TILE, TILE)
-    packed = (pairs[:, 0] | (pairs[:, 1] << 4)).permute(1, 0, 2).contiguous()
+    k, n = w.in_features, w.out_features
+    lib = native.library() if native.available() and w.qweight.device.type == "cpu" else None
+    if lib is not None:  # each byte of the internal words is a pair of rows already
+        src = w.qweight.contiguous()
+        packed = torch.empty(n // TILE, k // 2, TILE, dtype=torch.uint8)
+        lib.w4_internal_to_pairs(src.data_ptr(), k, n, packed.data_ptr(), torch.get_num_threads())
+    else:
+        pairs = w.codes().to(torch.uint8).reshape(k // 2, 2, n // TILE, TILE)
+        packed = (pairs[:, 0] | (pairs[:, 1] << 4)).permute(1, 0, 2).contiguous()
     s = w.scales.float()
     sb = torch.stack((s, -w.zeros.float() * s), dim=1)  # [G, 2, N]
     sb = sb.reshape(sb.shape[0], 2, n // TILE, TILE).permute(2, 0, 1, 3)

@@ -13,7 +13,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from localpaged.quant.layout import Int4Weight, _to_int32, from_codes, pack_nibbles, unpack_nibbles
+from localpaged.quant.layout import (
+    Int4Weight,
+    _to_int32,
+    awq_to_internal,
+    from_codes,
+    from_packed,
+    pack_nibbles,
+    unpack_nibbles,
+)
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # nibble k holds column 8c + AWQ_ORDER[k]
 GPTQ_V2_DELTA = 0x11111111  # gptqmodel's word-wise v1 <-> v2 zero conversion
@@ -98,13 +106,18 @@ def gptq_unpack(
 
     v1 stores `zero - 1`: decoded nibble-wise `(n + 1) & 15` (AutoGPTQ), or word-wise
     `(word + 0x11111111) mod 2^32` when GPTQModel wrote it (`word_wise`)."""
-    codes = unpack_nibbles(qweight, 0)
+    return unpack_nibbles(qweight, 0), gptq_zeros(qzeros, v2=v2, word_wise=word_wise)
+
+
+def gptq_zeros(qzeros: torch.Tensor, *, v2: bool = False, word_wise: bool = False
+               ) -> torch.Tensor:
+    """GPTQ `qzeros [G, N/8]` -> zero-points `[G, N]` (see `gptq_unpack`)."""
     if v2:
-        return codes, unpack_nibbles(qzeros, 1)
+        return unpack_nibbles(qzeros, 1)
     if word_wise:
         words = (qzeros.to(torch.int64) + GPTQ_V2_DELTA) & 0xFFFFFFFF
-        return codes, unpack_nibbles(_to_int32(words), 1)
-    return codes, (unpack_nibbles(qzeros, 1) + 1) & 0xF
+        return unpack_nibbles(_to_int32(words), 1)
+    return (unpack_nibbles(qzeros, 1) + 1) & 0xF
 
 
 def gptq_pack(codes: torch.Tensor, zeros: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -136,12 +149,10 @@ def gptq_to_int4(
         _check(f"{prefix}.g_idx", g_idx, (k,), (torch.int32, torch.int64))
         if g_idx.numel() and (int(g_idx.min()) < 0 or int(g_idx.max()) >= groups):
             raise ValueError(f"tensor '{prefix}.g_idx': values must lie in 0..{groups - 1}")
-    codes, zeros = gptq_unpack(
-        tensors["qweight"], tensors["qzeros"],
-        v2=spec.checkpoint_format == "gptq_v2", word_wise=spec.word_wise_zeros,
-    )
-    scales = tensors["scales"]
-    return from_codes(codes, scales, zeros.to(scales.dtype), gs, g_idx)
+    zeros = gptq_zeros(tensors["qzeros"], v2=spec.checkpoint_format == "gptq_v2",
+                       word_wise=spec.word_wise_zeros)
+    scales = tensors["scales"]  # GPTQ's qweight is the internal layout already
+    return from_packed(tensors["qweight"], scales, zeros.to(scales.dtype), gs, g_idx)
 
 
 # ------------------------------------------------------------------------------------ AWQ
@@ -173,9 +184,9 @@ def awq_to_int4(
     _check(f"{prefix}.qweight", tensors["qweight"], (k, n // 8), ints)
     _check(f"{prefix}.qzeros", tensors["qzeros"], (k // gs, n // 8), ints)
     _check(f"{prefix}.scales", tensors["scales"], (k // gs, n), floats)
-    codes, zeros = awq_unpack(tensors["qweight"], tensors["qzeros"])
+    zeros = unpack_nibbles(tensors["qzeros"], 1, AWQ_ORDER)
     scales = tensors["scales"]
-    return from_codes(codes, scales, zeros.to(scales.dtype), gs)
+    return from_packed(awq_to_internal(tensors["qweight"]), scales, zeros.to(scales.dtype), gs)
 
 
 # ----------------------------------------------------------------------------------- GGUF

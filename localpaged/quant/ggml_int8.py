@@ -103,7 +103,7 @@ INT8_TYPES: dict[str, tuple[int, Callable[[np.ndarray], Parts]]] = {
 
 @dataclass
 class Int8Blocks:
-    """A matrix `[N, K]` as int8 `codes`, float32 `scales` and `offsets` (or None)
+    """A matrix `[N, K]` as int8 `codes`, float32 (Q8_0: float16) `scales` and `offsets` (or None)
     `[N, K/block]`: `W = codes * scale + offset` per block of `block` values of a row."""
 
     codes: torch.Tensor
@@ -120,6 +120,25 @@ class Int8Blocks:
         """The matrix in float32."""
         w = self.codes.float() * self.scales.repeat_interleave(self.block, dim=1)
         return w if self.offsets is None else w + self.offsets.repeat_interleave(self.block, dim=1)
+
+    @classmethod
+    def q8_0_of(cls, weight: torch.Tensor, block: int = 32, chunk_rows: int = 4096) -> Int8Blocks:
+        """A float matrix `[N, K]` quantized as GGUF's Q8_0 does: per block of `block` values,
+        scale = max|w| / 127 (kept in float16), codes = w / scale rounded. A few thousand rows
+        at a time, so a large table needs no float32 copy of itself."""
+        n, k = weight.shape
+        if k % block:
+            raise ValueError(f"Q8_0 blocks need K % {block} == 0 (got {n} x {k})")
+        codes = torch.empty(n, k, dtype=torch.int8)
+        scales = torch.empty(n, k // block, dtype=torch.float16)
+        for start in range(0, n, chunk_rows):
+            w = weight[start:start + chunk_rows].float().reshape(-1, k // block, block)
+            s = (w.abs().amax(dim=2) / 127).half()
+            safe = torch.where(s > 0, s.float(), torch.ones_like(s, dtype=torch.float32))
+            q = torch.round(w / safe[..., None]).clamp_(-127, 127)
+            codes[start:start + chunk_rows] = q.reshape(-1, k).to(torch.int8)
+            scales[start:start + chunk_rows] = s
+        return cls(codes, scales, None, block, "Q8_0")
 
     def permute_rows(self, fn: Callable[[np.ndarray], np.ndarray]) -> Int8Blocks:
         """The same blocks with the rows reordered by `fn` (applied to each part)."""

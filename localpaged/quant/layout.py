@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
 
 import torch
@@ -125,17 +126,66 @@ def from_codes(
 
     A non-trivial `g_idx` is turned into a row permutation sorting rows by group; it must
     then give every group `group_size` rows (the last may be shorter), as GPTQ's do."""
-    k = codes.shape[0]
+    return from_packed(pack_nibbles(codes, 0), scales, zeros, group_size, g_idx)
+
+
+def from_packed(
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor,
+    group_size: int,
+    g_idx: torch.Tensor | None = None,
+) -> Int4Weight:
+    """`from_codes` for codes already packed in the internal layout (`qweight` int32
+    `[K/8, N]`, original input order): GPTQ's own words, or AWQ's once transposed."""
+    k = qweight.shape[0] * 8
     if group_size <= 0:
         group_size = k
     zeros = zeros.to(scales.dtype)
-    trivial = torch.arange(k, device=codes.device) // group_size
+    trivial = torch.arange(k, device=qweight.device) // group_size
     if g_idx is None or torch.equal(g_idx.to(trivial), trivial):
-        return Int4Weight(pack_nibbles(codes, 0), scales, zeros, group_size)
+        return Int4Weight(qweight, scales, zeros, group_size)
     perm = torch.sort(g_idx.to(torch.int64), stable=True).indices
     if not torch.equal(g_idx.to(torch.int64)[perm], trivial):
         raise ValueError(
             f"g_idx: every group must hold exactly group_size={group_size} input channels "
             "(the last group may hold fewer)"
         )
-    return Int4Weight(pack_nibbles(codes[perm], 0), scales, zeros, group_size, perm)
+    return Int4Weight(gather_rows(qweight, perm), scales, zeros, group_size, perm)
+
+
+def _native_cpu(t: torch.Tensor) -> ctypes.CDLL | None:
+    """The C library where it can take `t` (an int32 CPU tensor), else None."""
+    from localpaged.kernels import native
+
+    if t.device.type != "cpu" or t.dtype != torch.int32 or not native.available():
+        return None
+    return native.library()
+
+
+def gather_rows(qweight: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Internal-layout `qweight` with its input rows reordered: row i of the result is row
+    `rows[i]` of `qweight` (in C on the CPU where the library is here)."""
+    lib = _native_cpu(qweight)
+    if lib is None:
+        return pack_nibbles(unpack_nibbles(qweight, 0)[rows.to(qweight.device)], 0)
+    src, order = qweight.contiguous(), rows.to(torch.int64).contiguous()
+    out = torch.empty_like(src)
+    lib.w4_gather_rows(src.data_ptr(), order.data_ptr(), src.shape[0] * 8, src.shape[1],
+                       out.data_ptr(), torch.get_num_threads())
+    return out
+
+
+def awq_to_internal(qweight: torch.Tensor) -> torch.Tensor:
+    """AWQ GEMM's `qweight [K, N/8]` (columns interleaved in each word) as the internal
+    layout `[K/8, N]` (in C on the CPU where the library is here)."""
+    from localpaged.quant.formats import AWQ_ORDER
+
+    lib = _native_cpu(qweight)
+    k, n = qweight.shape[0], qweight.shape[1] * 8
+    if lib is None or k % 8:
+        return pack_nibbles(unpack_nibbles(qweight, 1, AWQ_ORDER), 0)
+    src = qweight.contiguous()
+    out = torch.empty(k // 8, n, dtype=torch.int32)
+    lib.w4_awq_to_internal(src.data_ptr(), k, n, out.data_ptr(), torch.get_num_threads())
+    return out

@@ -79,6 +79,7 @@ def load_quantized_weights(
     params = dict(model.named_parameters())
     device = next(iter(params.values())).device
     tied = getattr(getattr(model, "config", None), "tie_word_embeddings", False)
+    int8_tables = _int8_tables_wanted(model, spec)
     pending: dict[str, dict[str, torch.Tensor]] = {}
     done: set[str] = set()
     loaded: set[str] = set()
@@ -102,6 +103,12 @@ def load_quantized_weights(
             if all(k in got for k in _REQUIRED) and (spec.method == "awq" or "g_idx" in got):
                 _finish(model, prefix, pending.pop(prefix), spec, device)
                 done.add(prefix)
+            continue
+        if name in int8_tables and name in params:
+            from localpaged.quant.ggml_int8 import Int8Blocks
+
+            install_int8(model, name, Int8Blocks.q8_0_of(tensor), tied)
+            loaded.add(name)
             continue
         param = params.get(name)
         if param is None:
@@ -129,6 +136,29 @@ def load_quantized_weights(
         if name not in loaded:
             raise ValueError(f"tensor {name!r} is missing: expected shape {tuple(params[name].shape)}")
     return model
+
+
+def _int8_tables_wanted(model: nn.Module, spec: QuantSpec) -> set[str]:
+    """The 16-bit token embedding and output layer of a checkpoint whose matrices are 4-bit,
+    where the model computes in float32 on a CPU whose kernels round activations to int8:
+    kept as Q8_0 blocks (llama.cpp's usual output type) rather than widened to float32, which
+    would be twice the file's bytes in memory and, for the head, read on every decode step."""
+    from localpaged.quant import cpu_w4
+    from localpaged.quant.q8_linear import fits_kernel
+
+    dtype = getattr(model, "dtype", None)
+    embed = model.get_submodule("model.embed_tokens")
+    if (dtype != torch.float32 or embed.weight.device.type != "cpu" or not cpu_w4.available()
+            or not cpu_w4.int8_activations()):
+        return set()
+    names = set()
+    for name, module in (("model.embed_tokens.weight", embed),
+                         ("lm_head.weight", getattr(model, "lm_head", None))):
+        shape = tuple(getattr(module, "weight", torch.empty(0, 0)).shape)
+        if (name != "lm_head.weight" or not spec.lm_head) and len(shape) == 2 and fits_kernel(
+                (shape[0], shape[1]), 32):
+            names.add(name)
+    return names
 
 
 def _missing_message(prefix: str, leaf: str, layer: QuantLinear, spec: QuantSpec) -> str:

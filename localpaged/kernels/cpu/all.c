@@ -5,3 +5,4 @@
 #include "paged_decode.c"
 #include "decode_layer.c"
 #include "gguf_pack.c"
+#include "w4_repack.c"
