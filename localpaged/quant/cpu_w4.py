@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from localpaged.kernels import native
-from localpaged.quant.layout import Int4Weight
+from localpaged.quant.layout import Int4Weight, native_library_for
 
 TILE = 16
 DTYPES = (torch.bfloat16, torch.float32)  # the activations the kernels take (and return)
@@ -67,7 +67,7 @@ def pack(w: Int4Weight) -> tuple[torch.Tensor, torch.Tensor]:
     """(`packed`, `sb`) for the kernel from `w` (rows in stored order: an act-order layer's
     input must be permuted by `w.perm` before the matmul)."""
     k, n = w.in_features, w.out_features
-    lib = native.library() if native.available() and w.qweight.device.type == "cpu" else None
+    lib = native_library_for(w.qweight)
     if lib is not None:  # each byte of the internal words is a pair of rows already
         src = w.qweight.contiguous()
         packed = torch.empty(n // TILE, k // 2, TILE, dtype=torch.uint8)

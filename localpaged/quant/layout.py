@@ -154,7 +154,7 @@ def from_packed(
     return Int4Weight(gather_rows(qweight, perm), scales, zeros, group_size, perm)
 
 
-def _native_cpu(t: torch.Tensor) -> ctypes.CDLL | None:
+def native_library_for(t: torch.Tensor) -> ctypes.CDLL | None:
     """The C library where it can take `t` (an int32 CPU tensor), else None."""
     from localpaged.kernels import native
 
@@ -166,7 +166,7 @@ def _native_cpu(t: torch.Tensor) -> ctypes.CDLL | None:
 def gather_rows(qweight: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     """Internal-layout `qweight` with its input rows reordered: row i of the result is row
     `rows[i]` of `qweight` (in C on the CPU where the library is here)."""
-    lib = _native_cpu(qweight)
+    lib = native_library_for(qweight)
     if lib is None:
         return pack_nibbles(unpack_nibbles(qweight, 0)[rows.to(qweight.device)], 0)
     src, order = qweight.contiguous(), rows.to(torch.int64).contiguous()
@@ -181,7 +181,7 @@ def awq_to_internal(qweight: torch.Tensor) -> torch.Tensor:
     layout `[K/8, N]` (in C on the CPU where the library is here)."""
     from localpaged.quant.formats import AWQ_ORDER
 
-    lib = _native_cpu(qweight)
+    lib = native_library_for(qweight)
     k, n = qweight.shape[0], qweight.shape[1] * 8
     if lib is None or k % 8:
         return pack_nibbles(unpack_nibbles(qweight, 1, AWQ_ORDER), 0)
