@@ -309,6 +309,7 @@ def w6_calls() -> list[Call]:
                                            (5, (48, 96, 16), (True, 32)),
                                            (3, (32, 160, 32), (False, 8)),
                                            (9, (32, 512, 32), (False, cpu_w6.KQ)),
+                                           (5, (32, 512, 32), (True, cpu_w6.KQ)),
                                            (4, (48, 96, 12), (False, cpu_w6.NL)),
                                            (2, (32, 2048, 256), (True, 0))]:
         g = _gen(rows + k)
@@ -317,8 +318,7 @@ def w6_calls() -> list[Call]:
         if zp == cpu_w6.KQ:
             d, dmin = (torch.rand(n, k // 256, generator=g) * 1e-3 for _ in range(2))
             sc, mins = (torch.randint(0, 64, (n, k // 32), generator=g) for _ in range(2))
-            packed, sb = cpu_w6.pack_kq(codes, d, dmin, sc, mins)
-            high = None
+            packed, high, sb = cpu_w6.pack_kq(codes, d, dmin, sc, mins, top_bits=six)
         else:
             scales = torch.rand(n, k // group, generator=g) * 0.02 + 0.001
             offsets = None if zp else -32 * scales + torch.randn(n, k // group, generator=g) * 1e-3

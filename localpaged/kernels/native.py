@@ -52,7 +52,7 @@ SIGNATURES: dict[str, tuple[list[type], type | None]] = {
     "w6_gemm_f32": ([_P] * 4 + [_I, _P] + [_I] * 6, _I),
     "w6_gemm_bf16": ([_P] * 4 + [_I, _P] + [_I] * 5, _I),
     "gguf_w6_pack": ([_P, _I, _P, _I, _I, _P, _P, _P, _I, _I], _I),
-    "gguf_q4k_pack_kq": ([_P, _I, _P, _I, _I, _P, _P, _I], _I),
+    "gguf_q4k_pack_kq": ([_P, _I, _P, _I, _I, _P, _P, _P, _I], _I),
     "w4_bf16_quads": ([], _I),
     "w4_bf16_quads_amx_rows": ([], _I),
     "w4q_vector": ([], _I),

@@ -9,8 +9,8 @@ bits a plane beside it, and a float16 scale and offset per group, as 4-bit weigh
     sb     float16 [N/16, K/gs, 2, 16]   scale, offset per group: W = q * scale + offset
            or [N/16, K/gs, 1, 16]          scales of symmetric groups (a zero point zp:
                                            Q4_0's 8, Q5_0's 16, Q6_K's 32): W = (q - zp) * scale
-           or [N/16, K/256, 160]           super-block scales (zero point KQ, Q4_K's own):
-                                           see `pack_kq`
+           or [N/16, K/256, 160]           super-block scales (zero point KQ, Q4_K's and
+                                           Q5_K's own): see `pack_kq`
     (`high` is None for 4-bit codes: the quads layout, for Q4_0, Q4_K and IQ4_NL.)
 
 IQ4_NL (zero point NL) keeps its 4-bit codes and scales alone: code q stands for the byte
@@ -90,7 +90,7 @@ def codes_of(packed: torch.Tensor, high: torch.Tensor | None) -> torch.Tensor:
     return low.permute(0, 3, 1, 2).reshape(tiles * TILE, chunks * 4)
 
 
-KQ = -1  # the zero point that marks super-block scales (GGUF Q4_K's own form, see pack_kq)
+KQ = -1  # the zero point that marks super-block scales (GGUF Q4_K's and Q5_K's form, see pack_kq)
 NL = -2  # the zero point that marks IQ4_NL's code book (see the top)
 NL_VALUES = torch.tensor([1, 24, 45, 63, 79, 93, 106, 118, 129, 141, 153, 166, 181, 197, 217, 241],
                          dtype=torch.uint8)  # kvalues_iq4nl + 128
@@ -120,12 +120,14 @@ def group_size(packed: torch.Tensor, sb: torch.Tensor, zero_point: int = 0) -> i
 
 
 def pack_kq(codes: torch.Tensor, d: torch.Tensor, dmin: torch.Tensor, sc: torch.Tensor,
-            mins: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(`packed`, `sb`) with super-block scales from codes 0..15 `[N, K]`, float16-valued `d`
-    and `dmin` `[N, K/256]` and 6-bit `sc` and `mins` `[N, K/32]`: W = d * sc * q - dmin * m
-    per group of 32 (the C packer's form of Q4_K; the tests' reference for it)."""
+            mins: torch.Tensor, top_bits: bool = False,
+            ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """(`packed`, `high`, `sb`) with super-block scales from codes `[N, K]` (0..15, or 0..63
+    with `top_bits`: Q5_K's 0..31), float16-valued `d` and `dmin` `[N, K/256]` and 6-bit `sc`
+    and `mins` `[N, K/32]`: W = d * sc * q - dmin * m per group of 32 (the C packer's form of
+    Q4_K and Q5_K; the tests' reference for it). `high` is None without `top_bits`."""
     n, k = codes.shape
-    packed, _, _ = pack(codes, torch.ones(n, k // 32), None, zero_point=1, top_bits=False)
+    packed, high, _ = pack(codes, torch.ones(n, k // 32), None, zero_point=1, top_bits=top_bits)
     t, supers = n // TILE, k // 256
 
     def per_tile(v: torch.Tensor, per: int) -> torch.Tensor:  # [N, S*per] -> [T, S, per, 16]
@@ -137,7 +139,7 @@ def pack_kq(codes: torch.Tensor, d: torch.Tensor, dmin: torch.Tensor, sc: torch.
     codes8 = torch.cat((per_tile(sc.to(torch.uint8), 8), per_tile(mins.to(torch.uint8), 8)),
                        dim=2).reshape(t, supers, 256)
     record = torch.cat((head, codes8), dim=2).contiguous()  # [T, S, 320 bytes]
-    return packed, record.view(torch.int16)
+    return packed, high, record.view(torch.int16)
 
 
 def tile_scales(sb: torch.Tensor, zero_point: int) -> tuple[torch.Tensor, torch.Tensor]:

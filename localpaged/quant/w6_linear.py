@@ -1,7 +1,7 @@
 """GGUF matrices kept in (nearly) their file's bits on the CPU's quads layout (`cpu_w6`), so
 a decode step, which reads every weight once, reads less: Q6_K, Q5_0, Q5_1 and Q5_K in their
-6-bit codes (7 bits a weight for Q6_K, Q5_1 and Q5_K, 6.5 for Q5_0, where int8 blocks take
-9-10), Q4_0 with its scales alone (4.5), Q4_K with its super-block scales (4.625), where
+6-bit codes (7 bits a weight for Q6_K and Q5_1, 6.5 for Q5_0, 6.625 for Q5_K with its own
+super-block scales, where int8 blocks take 9-10), Q4_0 with its scales alone (4.5), Q4_K with its super-block scales (4.625), where
 the 4-bit layer's float16 scale and offset per group take 5, and IQ4_NL and IQ4_XS with their
 4-bit codes into their code book and float16 scales alone (4.5, where int8 blocks take 9;
 IQ4_XS's d * (ls - 32) rounded to float16, as Q6_K's d * sc is). Parts of one form fuse into
@@ -59,8 +59,8 @@ class W6Linear(nn.Module):
                  zero_point: int = 0) -> None:
         super().__init__()
         if zero_point == cpu_w6.KQ:
-            if sb.dim() != 3 or sb.shape[2] != cpu_w6.KQ_RECORD or high is not None:
-                raise ValueError("super-block scales are records of 160 per 256 values, 4-bit")
+            if sb.dim() != 3 or sb.shape[2] != cpu_w6.KQ_RECORD:
+                raise ValueError("super-block scales are records of 160 per 256 values")
         elif (sb.shape[2] == 1) != (zero_point != 0):
             raise ValueError("scales alone need a zero point, scales and offsets none")
         if zero_point == cpu_w6.NL and high is not None:
@@ -77,7 +77,7 @@ class W6Linear(nn.Module):
     @classmethod
     def from_gguf(cls, w: GgmlInt8Weight) -> W6Linear:
         """A GGUF matrix of one of `KEPT_TYPES` packed in C from the file's blocks (a
-        symmetric type keeps its scales alone)."""
+        symmetric type keeps its scales alone, Q5_K its super-block scales)."""
         n, k = w.shape
         t = n // cpu_w4.TILE
         if w.type_name in CODE_BOOK_TYPES:  # the 4-bit packer, the offsets (-128 s) dropped
@@ -89,6 +89,11 @@ class W6Linear(nn.Module):
         zp = ZERO_POINTS.get(w.type_name, 0)
         packed = torch.empty(t, k // 4, 2 * cpu_w4.TILE, dtype=torch.uint8)
         high = torch.empty(t, k // 8, 2 * cpu_w4.TILE, dtype=torch.uint8)
+        if w.type_name == "Q5_K":  # its own super-block scales, as Q4_K's
+            sb = torch.empty(t, k // 256, cpu_w6.KQ_RECORD, dtype=torch.int16)
+            cpu_w4.gguf_pack("gguf_q4k_pack_kq", "Q5_K", w.data, w.rows, n, k, packed.data_ptr(),
+                             high.data_ptr(), sb.data_ptr())
+            return cls(packed, high, sb, cpu_w6.KQ)
         sb = torch.empty(t, k // W6_TYPES[w.type_name], 1 if zp else 2, cpu_w4.TILE,
                          dtype=torch.float16)
         cpu_w4.gguf_pack("gguf_w6_pack", w.type_name, w.data, w.rows, n, k, packed.data_ptr(),
@@ -112,7 +117,7 @@ class W6Linear(nn.Module):
         packed = torch.empty(t, k // 4, 2 * cpu_w4.TILE, dtype=torch.uint8)
         sb = torch.empty(t, k // 256, cpu_w6.KQ_RECORD, dtype=torch.int16)
         cpu_w4.gguf_pack("gguf_q4k_pack_kq", type_name, data, rows, n, k, packed.data_ptr(),
-                         sb.data_ptr())
+                         None, sb.data_ptr())
         return cls(packed, None, sb, cpu_w6.KQ)
 
     @classmethod

@@ -55,7 +55,7 @@ def _int8_reference(x: torch.Tensor, w: torch.Tensor, group: int) -> torch.Tenso
     return rounded @ w.double().t()
 
 
-# (top bits, zero point): 6-bit with offsets (Q5_1, Q5_K), 6-bit symmetric (Q6_K, Q5_0),
+# (top bits, zero point): 6-bit with offsets (Q5_1), 6-bit symmetric (Q6_K, Q5_0),
 # 4-bit symmetric (Q4_0), IQ4_NL's code book (4-bit codes, bytes up to 241 through the int16
 # sums of the builds without VNNI)
 KINDS = [(True, 0), (True, 32), (False, 8), (False, cpu_w6.NL)]
@@ -115,7 +115,7 @@ def _kq_layer(n: int, k: int, seed: int) -> W6Linear:
     d = (torch.rand(n, k // 256, generator=g) * 1e-3).half().float()
     dmin = (torch.rand(n, k // 256, generator=g) * 1e-3).half().float()
     sc, mins = (torch.randint(0, 64, (n, k // 32), generator=g) for _ in range(2))
-    packed, sb = cpu_w6.pack_kq(codes, d, dmin, sc, mins)
+    packed, _, sb = cpu_w6.pack_kq(codes, d, dmin, sc, mins)
     return W6Linear(packed, None, sb, cpu_w6.KQ)
 
 
@@ -167,13 +167,13 @@ def fixture_tensors() -> dict[str, np.ndarray]:
     return {t.name: t.data for t in FastGGUFReader(FIXTURE).tensors}
 
 
-# Where the 6-bit layout rounds the file's scales to float16: Q5_K's and Q6_K's d * sc (and
-# Q5_K's dmin * m); Q5_0's and Q5_1's d and m are float16 in the file already.
-SCALE_ROUNDING = {"Q5_0": 0.0, "Q5_1": 0.0, "Q5_K": 2**-11, "Q6_K": 2**-11}
+# Where the 6-bit layout rounds the file's scales to float16: Q6_K's d * sc; Q5_0's and Q5_1's
+# d and m are float16 in the file already (Q5_K keeps its super-block scales, exact).
+SCALE_ROUNDING = {"Q5_0": 0.0, "Q5_1": 0.0, "Q6_K": 2**-11}
 
 
 @needs_kernels
-@pytest.mark.parametrize("type_name", sorted(W6_TYPES))
+@pytest.mark.parametrize("type_name", sorted(set(W6_TYPES) - {"Q5_K"}))  # Q5_K: super-block
 def test_c_packer_holds_the_gguf_values(fixture_tensors, type_name: str) -> None:
     """A tensor of each type from the committed fixture (written by llama.cpp's quantizer's
     formats), packed in C with its rows reordered, dequantizes to the `gguf` package's values
@@ -329,15 +329,19 @@ def _four_bit_layer(n: int, k: int):
     return QuantLinear.from_int4(w, None, torch.float32, "cpu")
 
 
-def _kq_fields(data: np.ndarray, n: int, k: int):
-    """Q4_K's own numbers, read with numpy (ggml_types): codes [N, K], d and dmin [N, K/256],
-    6-bit scales and mins [N, K/32]."""
+def _kq_fields(type_name: str, data: np.ndarray, n: int, k: int):
+    """Q4_K's or Q5_K's own numbers, read with numpy (ggml_types): codes [N, K] (Q5_K's
+    fifth bits from qh), d and dmin [N, K/256], 6-bit scales and mins [N, K/32]."""
     from localpaged.quant import ggml_types as gt
 
-    b = gt.blocks_of("Q4_K", data, n * k)
+    b = gt.blocks_of(type_name, data, n * k)
     sc, mins = gt.k4_scales_mins(b[:, 4:16])
-    codes = gt.k4_codes(b[:, 16:144]).reshape(n, k)
-    return (torch.from_numpy(codes.astype(np.uint8)),
+    if type_name == "Q4_K":
+        codes = gt.k4_codes(b[:, 16:144])
+    else:  # the fifth bit of value l of group i is bit i of qh byte l
+        fifth = (b[:, None, 16:48] >> np.arange(8, dtype=np.uint8)[:, None]) & 1
+        codes = gt.k4_codes(b[:, 48:176]) | (fifth << 4)
+    return (torch.from_numpy(codes.reshape(n, k).astype(np.uint8)),
             torch.from_numpy(gt.f16_field(b, 0).reshape(n, -1)),
             torch.from_numpy(gt.f16_field(b, 2).reshape(n, -1)),
             torch.from_numpy(sc.reshape(n, -1).astype(np.int32)),
@@ -345,54 +349,64 @@ def _kq_fields(data: np.ndarray, n: int, k: int):
 
 
 @needs_kernels
-def test_q4_k_keeps_its_super_block_scales(fixture_tensors) -> None:
-    """A Q4_K matrix packed in C (rows permuted) with its super-block scales: the `gguf`
-    package's values exactly (d * sc is exact in float32), the torch packer's bytes from the
-    numpy reading of the blocks, and products closer to the exact ones than the 4-bit layer's
-    (whose float16 scales and offsets per group round d * sc and dmin * m)."""
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q5_K"])
+def test_k_quants_keep_their_super_block_scales(fixture_tensors, type_name: str) -> None:
+    """A Q4_K / Q5_K matrix packed in C (rows permuted) with its super-block scales (Q5_K's
+    fifth bits in the top-bit plane): the `gguf` package's values exactly (d * sc is exact in
+    float32), the torch packer's bytes from the numpy reading of the blocks, and products
+    closer to the exact ones than float16 scales and offsets per group (the 4-bit layer's, and
+    the 6-bit layout's before), which round d * sc and dmin * m."""
     from localpaged.quant.ggml_int4 import GgmlInt4Weight
-    from localpaged.quant.linear import QuantLinear
 
     n, k = SHAPE
-    data = fixture_tensors["Q4_K"]
+    data = fixture_tensors[type_name]
     rows = np.random.default_rng(4).permutation(n).astype(np.int32)
-    w = GgmlInt4Weight.from_blocks("Q4_K", data, n, k, rows)
-    layer = W6Linear.from_q4_k(w)
-    assert layer.zero_point == cpu_w6.KQ and layer.group_size == 32 and layer.high is None
+    five = type_name == "Q5_K"
+    layer = (W6Linear.from_gguf(GgmlInt8Weight(type_name, data, n, k, rows)) if five
+             else W6Linear.from_q4_k(GgmlInt4Weight.from_blocks(type_name, data, n, k, rows)))
+    assert layer.zero_point == cpu_w6.KQ and layer.group_size == 32
+    assert (layer.high is not None) == five
     assert layer.sb.shape == (n // 16, k // 256, cpu_w6.KQ_RECORD)
-    want = torch.from_numpy(gguf_dequantize(data, _qtype("Q4_K")).reshape(n, k)[rows].copy())
+    kept = (layer.packed, layer.high, layer.sb)
+    bits = 8 * sum(t.numel() * t.element_size() for t in kept if t is not None) / (n * k)
+    assert bits == (6.625 if five else 4.625)
+    want = torch.from_numpy(gguf_dequantize(data, _qtype(type_name)).reshape(n, k)[rows].copy())
     assert torch.equal(layer.dequantize(), want)
-    codes, d, dmin, sc, mins = (v[rows] for v in _kq_fields(data, n, k))
-    packed, sb = cpu_w6.pack_kq(codes, d, dmin, sc, mins)
+    codes, d, dmin, sc, mins = (v[rows] for v in _kq_fields(type_name, data, n, k))
+    packed, high, sb = cpu_w6.pack_kq(codes, d, dmin, sc, mins, top_bits=five)
     assert torch.equal(layer.packed, packed) and torch.equal(layer.sb, sb)
+    assert high is None if not five else torch.equal(layer.high, high)
     x = torch.randn(4, k)
     assert cpu_w6.activation_block(layer.zero_point, 32) == 256  # activations per super-block
     exact = _int8_reference(x, want, 256)
     error = (layer(x).double() - exact).abs().max()
     assert error <= 2**-18 * exact.abs().max()
-    # the 4-bit layer, float16 scales and offsets per group, is off by its rounding
-    four = QuantLinear.from_int4(w, None, torch.float32, "cpu")
-    old = cpu_w4.matmul_int8_activations(x, cpu_w4.to_quads(cpu_w4.to_pairs(four.w4_packed)),
-                                         four.w4_sb)
-    assert (old.double() - _int8_reference(x, want, 32)).abs().max() > error
+    # float16 scales and offsets per group are off by their rounding
+    s, o = (v.half().float() for v in cpu_w6.scales_offsets(layer.sb, cpu_w6.KQ))
+    old = cpu_w6.pack(codes, s, o, top_bits=five)
+    assert (cpu_w6.matmul(x, *old).double() - _int8_reference(x, want, 32)).abs().max() > error
 
 
 @needs_kernels
 @pytest.mark.parametrize("rows", [1, 3, 4, 5, 8, 9, 13])
 @pytest.mark.parametrize(("n", "k"), [(32, 256), (576, 1536)])
+@pytest.mark.parametrize("top_bits", [False, True], ids=["4-bit", "6-bit"])
 def test_super_block_loops_equal_the_int8_reference(cpu_variant: str, rows: int, n: int,
-                                                    k: int) -> None:
-    """Super-block scales through each build's vector loops and plain-C loops, float32 and
-    bf16, against the float64 product of the weight and the int8-rounded activations; the
-    embedding gathers its rows and two such layers fuse keeping them."""
+                                                    k: int, top_bits: bool) -> None:
+    """Super-block scales (4-bit codes as Q4_K's, or with top bits as Q5_K's, here up to 63)
+    through each build's vector loops and plain-C loops, float32 and bf16, against the float64
+    product of the weight and the int8-rounded activations; the embedding gathers its rows
+    and two such layers fuse keeping them."""
     g = torch.Generator().manual_seed(rows)
-    codes = torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8)
-    codes[:, : k // 2] = 15
+    top = 63 if top_bits else 15
+    codes = torch.randint(0, top + 1, (n, k), generator=g, dtype=torch.uint8)
+    codes[:, : k // 2] = top  # the int16 sums' largest, with the largest scales below
     d = (torch.rand(n, k // 256, generator=g) * 1e-3).half().float()
     dmin = (torch.rand(n, k // 256, generator=g) * 1e-3).half().float()
     sc, mins = (torch.randint(0, 64, (n, k // 32), generator=g) for _ in range(2))
-    layer = W6Linear(*cpu_w6.pack_kq(codes, d, dmin, sc, mins)[:1], None,
-                     cpu_w6.pack_kq(codes, d, dmin, sc, mins)[1], cpu_w6.KQ)
+    sc[:, : k // 64] = 63
+    packed, high, sb = cpu_w6.pack_kq(codes, d, dmin, sc, mins, top_bits=top_bits)
+    layer = W6Linear(packed, high, sb, cpu_w6.KQ)
     w = layer.dequantize()
     s = (d.repeat_interleave(8, 1) * sc).repeat_interleave(32, 1)
     o = (dmin.repeat_interleave(8, 1) * mins).repeat_interleave(32, 1)
@@ -401,7 +415,7 @@ def test_super_block_loops_equal_the_int8_reference(cpu_variant: str, rows: int,
     x[0, : k // 2] = x[0, : k // 2].abs() * 10
     exact = _int8_reference(x, w, cpu_w6.activation_block(cpu_w6.KQ, 32))
     for plain in (False, True):
-        got = cpu_w6.matmul(x, layer.packed, None, layer.sb, cpu_w6.KQ, plain=plain)
+        got = cpu_w6.matmul(x, layer.packed, layer.high, layer.sb, cpu_w6.KQ, plain=plain)
         assert (got.double() - exact).abs().max() <= 2**-18 * exact.abs().max()
     xb = x.bfloat16()
     assert torch.equal(layer(xb), layer(xb.float()).bfloat16())

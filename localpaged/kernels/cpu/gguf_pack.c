@@ -250,6 +250,22 @@ int gguf_q8_pack(const uint8_t *blocks, int type, const int32_t *rows, int n, in
     return 0;
 }
 
+/* The top two bits of codes `q` ([16][stride], 0..63) of `chunks` chunks (even) from chunk
+ * `first` of a tile into its 6-bit `high` plane (int8_dot.c's layout). */
+static void gp_w6_high(const uint8_t *q, int stride, size_t first, int chunks, uint8_t *ht) {
+    for (int c = 0; c < chunks; c += 2) /* pair of chunks */
+        for (int jj = 0; jj < 8; jj++)
+            for (int i = 0; i < 4; i++) {
+                uint8_t top = 0;
+                for (int half = 0; half < 2; half++) {
+                    const int v = 4 * (c + half) + i;
+                    top |= (uint8_t)(((q[jj * stride + v] >> 4) | (q[(jj + 8) * stride + v] >> 4) << 2)
+                                     << 4 * half);
+                }
+                ht[(first + c) / 2 * 2 * GP_TILE + 4 * jj + i] = top;
+            }
+}
+
 /* GGUF Q5_0 (type 6), Q5_1 (7), Q5_K (13) and Q6_K (14) matrices straight into int8_dot.c's
  * 6-bit layout: codes 0..63 (gp_high_codes), the low nibbles in the quads layout `packed`
  * [N/16][K/4][32], the top two bits in `high` [N/16][K/8][32], and per group a float16 scale
@@ -315,16 +331,7 @@ int gguf_w6_pack(const uint8_t *blocks, int type, const int32_t *rows, int n, in
             }
             const size_t first = (size_t)blk * (values / 4); /* this block's first chunk */
             gp_quads(q[0], 256, values / 4, pt + first * 2 * GP_TILE);
-            for (int c = 0; c < values / 4; c += 2) /* pair of chunks: the codes' top bits */
-                for (int jj = 0; jj < 8; jj++)
-                    for (int i = 0; i < 4; i++) {
-                        uint8_t top = 0;
-                        for (int half = 0; half < 2; half++) {
-                            const int v = 4 * (c + half) + i;
-                            top |= (uint8_t)(((q[jj][v] >> 4) | (q[jj + 8][v] >> 4) << 2) << 4 * half);
-                        }
-                        ht[(first + c) / 2 * 2 * GP_TILE + 4 * jj + i] = top;
-                    }
+            gp_w6_high(q[0], 256, first, values / 4, ht);
         }
     }
     return 0;
@@ -333,12 +340,14 @@ int gguf_w6_pack(const uint8_t *blocks, int type, const int32_t *rows, int n, in
 /* GGUF Q4_K (type 12) straight into the quads layout with super-block scales (int8_dot.c's
  * I8_KQ form: per 256 values and column d and dmin as in the file, per group of 32 its 6-bit
  * scale and min): 4.625 bits a weight where float16 scales and offsets per group take 5, and
- * d * sc exact. `kq` [N/16][K/256][320 bytes]. Returns 0, or -1 for another type or shapes off
- * the layout. */
+ * d * sc exact. `kq` [N/16][K/256][320 bytes]. Q5_K (type 13: the same scales, its fifth bits
+ * apart) the same way, the codes' top bits into the 6-bit layout's `high` [N/16][K/8][32]
+ * (NULL for Q4_K). Returns 0, or -1 for another type or shapes off the layout. */
 int gguf_q4k_pack_kq(const uint8_t *blocks, int type, const int32_t *rows, int n, int k,
-                     uint8_t *packed, uint8_t *kq, int threads) {
-    if (type != 12 || n % GP_TILE || k % 256) return -1;
-    const int supers = k / 256;
+                     uint8_t *packed, uint8_t *high, uint8_t *kq, int threads) {
+    if ((type != 12 && type != 13) || (type == 13) != (high != NULL) || n % GP_TILE || k % 256)
+        return -1;
+    const int supers = k / 256, bytes = type == 12 ? 144 : 176;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int t = 0; t < n / GP_TILE; t++) {
         uint8_t *pt = packed + (size_t)t * (k / 2) * GP_TILE;
@@ -346,7 +355,7 @@ int gguf_q4k_pack_kq(const uint8_t *blocks, int type, const int32_t *rows, int n
             uint8_t *rec = kq + ((size_t)t * supers + sup) * 320;
             uint8_t q[GP_TILE][256];
             for (int j = 0; j < GP_TILE; j++) {
-                const uint8_t *b = blocks + ((size_t)rows[t * GP_TILE + j] * supers + sup) * 144;
+                const uint8_t *b = blocks + ((size_t)rows[t * GP_TILE + j] * supers + sup) * bytes;
                 memcpy(rec + 2 * j, b, 2);      /* d */
                 memcpy(rec + 32 + 2 * j, b + 2, 2); /* dmin */
                 for (int g = 0; g < 8; g++) {
@@ -354,12 +363,20 @@ int gguf_q4k_pack_kq(const uint8_t *blocks, int type, const int32_t *rows, int n
                     gp_k_scale_min(b + 4, g, &scale, &min);
                     rec[64 + g * GP_TILE + j] = (uint8_t)scale;
                     rec[192 + g * GP_TILE + j] = (uint8_t)min;
+                }
+                if (type == 13) {
+                    gp_high_codes(b, 13, q[j]);
+                    continue;
+                }
+                for (int g = 0; g < 8; g++) {
                     const uint8_t *qs = b + 16 + 32 * (g / 2);
                     for (int v = 0; v < GP_BLOCK; v++)
                         q[j][g * GP_BLOCK + v] = g % 2 ? qs[v] >> 4 : qs[v] & 15;
                 }
             }
             gp_quads(q[0], 256, 64, pt + (size_t)sup * 64 * 2 * GP_TILE); /* 64 chunks */
+            if (high != NULL)
+                gp_w6_high(q[0], 256, (size_t)sup * 64, 64, high + (size_t)t * (k / 4) * GP_TILE);
         }
     }
     return 0;

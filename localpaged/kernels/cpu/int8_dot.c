@@ -543,7 +543,8 @@ static inline __attribute__((always_inline)) void w6q_unpack_pair(const uint8_t 
  * registers and spilled them every chunk. */
 static inline __attribute__((always_inline)) void w6q_pair4(const uint8_t *gp, const uint8_t *hg,
                                                             const int8_t *x, int k, int c,
-                                                            __m256i dot[][2]) {
+                                                            __m256i dot[][2], __m256i w0,
+                                                            __m256i w1) {
     __m256i codes[4];
     w6q_unpack_pair(gp, hg, c, codes);
     const __m256i ae = codes[0], be = codes[1], ao = codes[2], bo = codes[3];
@@ -569,8 +570,7 @@ static inline __attribute__((always_inline)) void w6q_pair4(const uint8_t *gp, c
               [x2] "m"(*(const int32_t *)(x2 + 4 * c)), [y2] "m"(*(const int32_t *)(x2 + 4 * c + 4)),
               [x3] "m"(*(const int32_t *)(x3 + 4 * c)), [y3] "m"(*(const int32_t *)(x3 + 4 * c + 4)));
 #undef I8_ROW6
-    const __m256i ones = _mm256_set1_epi16(1);
-    i8_widen_into(dot, s00, s01, s10, s11, s20, s21, s30, s31, ones, ones);
+    i8_widen_into(dot, s00, s01, s10, s11, s20, s21, s30, s31, w0, w1);
 }
 
 /* w4q_chunks4 for 1-3 rows (`rows` a constant after inlining), in intrinsics, two chunks a
@@ -621,11 +621,11 @@ static inline __attribute__((always_inline)) void w4q_chunks_n(const uint8_t *gp
  * for the registers. */
 static inline __attribute__((always_inline)) void w6q_pair_n(const uint8_t *gp, const uint8_t *hg,
                                                              const int8_t *x, int k, int c,
-                                                             __m256i dot[][2], int rows) {
+                                                             __m256i dot[][2], int rows,
+                                                             __m256i w0, __m256i w1) {
     __m256i codes[4];
     w6q_unpack_pair(gp, hg, c, codes);
     const __m256i ae = codes[0], be = codes[1], ao = codes[2], bo = codes[3];
-    const __m256i ones = _mm256_set1_epi16(1);
     for (int m = 0; m < rows; m++) {
         int32_t e, o;
         memcpy(&e, x + (size_t)m * k + 4 * c, sizeof e);
@@ -633,8 +633,8 @@ static inline __attribute__((always_inline)) void w6q_pair_n(const uint8_t *gp, 
         const __m256i xe = _mm256_set1_epi32(e), xo = _mm256_set1_epi32(o);
         const __m256i s0 = _mm256_add_epi16(_mm256_maddubs_epi16(ae, xe), _mm256_maddubs_epi16(ao, xo));
         const __m256i s1 = _mm256_add_epi16(_mm256_maddubs_epi16(be, xe), _mm256_maddubs_epi16(bo, xo));
-        dot[m][0] = _mm256_add_epi32(dot[m][0], _mm256_madd_epi16(s0, ones));
-        dot[m][1] = _mm256_add_epi32(dot[m][1], _mm256_madd_epi16(s1, ones));
+        dot[m][0] = _mm256_add_epi32(dot[m][0], _mm256_madd_epi16(s0, w0));
+        dot[m][1] = _mm256_add_epi32(dot[m][1], _mm256_madd_epi16(s1, w1));
     }
 }
 #endif
@@ -710,7 +710,7 @@ static inline __attribute__((always_inline)) void w4q_i8_tile_n(
     (void)book;
 #endif
 #ifndef I8_VNNI
-    const int super = zp == I8_KQ && bsum != NULL && !six && !nl;
+    const int super = zp == I8_KQ && bsum != NULL && !nl;
 #else
     (void)bsum;
 #endif
@@ -751,9 +751,9 @@ static inline __attribute__((always_inline)) void w4q_i8_tile_n(
             }
             if (six && !nl) { /* run is 2, chunks even */
                 if (rows == 4)
-                    w6q_pair4(gp, hg, xq + (size_t)g * gs, k, c0, dot);
+                    w6q_pair4(gp, hg, xq + (size_t)g * gs, k, c0, dot, w0, w1);
                 else
-                    w6q_pair_n(gp, hg, xq + (size_t)g * gs, k, c0, dot, rows);
+                    w6q_pair_n(gp, hg, xq + (size_t)g * gs, k, c0, dot, rows, w0, w1);
                 continue;
             }
             __m256i d16[I8_ROWS][2], h16[I8_ROWS][2]; /* h16: the code book's high nibbles */
