@@ -1,12 +1,13 @@
 """GGUF matrices kept in (nearly) their file's bits on the CPU's quads layout (`cpu_w6`), so
 a decode step, which reads every weight once, reads less: Q6_K, Q5_0, Q5_1 and Q5_K in their
 6-bit codes (7 bits a weight for Q6_K and Q5_1, 6.5 for Q5_0, 6.625 for Q5_K with its own
-super-block scales, where int8 blocks take 9-10), Q4_0 with its scales alone (4.5), Q4_K with its super-block scales (4.625), where
-the 4-bit layer's float16 scale and offset per group take 5, and IQ4_NL and IQ4_XS with their
-4-bit codes into their code book and float16 scales alone (4.5, where int8 blocks take 9;
-IQ4_XS's d * (ls - 32) rounded to float16, as Q6_K's d * sc is). Parts of one form fuse into
-one layer (`concat`); parts of different forms (a Q4_K_M file's q/k/v, with v in Q6_K) are
-joined side by side instead (`joined_linear`), each keeping its own bytes.
+super-block scales, where int8 blocks take 9-10), Q4_0 with its scales alone (4.5), Q4_K
+with its super-block scales (4.625), where the 4-bit layer's float16 scale and offset per
+group take 5, and IQ4_NL and IQ4_XS with their 4-bit codes into their code book and float16
+scales alone (4.5, where int8 blocks take 9; IQ4_XS's d * (ls - 32) rounded to float16, as
+Q6_K's d * sc is). Parts of one form fuse into one layer (`concat`); parts of different forms
+(a Q4_K_M file's q/k/v, with v in Q6_K) are joined side by side instead (`joined_linear`),
+each keeping its own bytes.
 
 A tied token embedding (Q6_K in most K-quant files) is both the input table and the output
 layer: `W6Embedding` gathers rows from the layer's own bytes.
@@ -14,6 +15,7 @@ layer: `W6Embedding` gathers rows from the layer's own bytes.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -86,14 +88,11 @@ class W6Linear(nn.Module):
             cpu_w4.gguf_pack("gguf_q4_pack", w.type_name, w.data, w.rows, n, k,
                              packed.data_ptr(), sb.data_ptr(), 1)
             return cls(packed, None, sb[:, :, :1].contiguous(), cpu_w6.NL)
+        if w.type_name == "Q5_K":  # its own super-block scales, as Q4_K's
+            return cls._from_k_blocks("Q5_K", w.data, w.rows, n, k)
         zp = ZERO_POINTS.get(w.type_name, 0)
         packed = torch.empty(t, k // 4, 2 * cpu_w4.TILE, dtype=torch.uint8)
         high = torch.empty(t, k // 8, 2 * cpu_w4.TILE, dtype=torch.uint8)
-        if w.type_name == "Q5_K":  # its own super-block scales, as Q4_K's
-            sb = torch.empty(t, k // 256, cpu_w6.KQ_RECORD, dtype=torch.int16)
-            cpu_w4.gguf_pack("gguf_q4k_pack_kq", "Q5_K", w.data, w.rows, n, k, packed.data_ptr(),
-                             high.data_ptr(), sb.data_ptr())
-            return cls(packed, high, sb, cpu_w6.KQ)
         sb = torch.empty(t, k // W6_TYPES[w.type_name], 1 if zp else 2, cpu_w4.TILE,
                          dtype=torch.float16)
         cpu_w4.gguf_pack("gguf_w6_pack", w.type_name, w.data, w.rows, n, k, packed.data_ptr(),
@@ -112,13 +111,21 @@ class W6Linear(nn.Module):
         """A GGUF Q4_K matrix (`GgmlInt4Weight`) in the quads layout with its super-block
         scales, packed in C from the file's blocks."""
         type_name, data, rows = w._blocks  # type: ignore[attr-defined]
-        n, k = w.out_features, w.in_features  # type: ignore[attr-defined]
+        return cls._from_k_blocks(type_name, data, rows, w.out_features, w.in_features)  # type: ignore[attr-defined]
+
+    @classmethod
+    def _from_k_blocks(cls, type_name: str, data: np.ndarray, rows: np.ndarray, n: int, k: int
+                       ) -> W6Linear:
+        """A Q4_K or Q5_K matrix `[n, k]` packed in C with its super-block scales (Q5_K's
+        fifth bits in the top-bit plane)."""
         t = n // cpu_w4.TILE
         packed = torch.empty(t, k // 4, 2 * cpu_w4.TILE, dtype=torch.uint8)
+        high = (torch.empty(t, k // 8, 2 * cpu_w4.TILE, dtype=torch.uint8)
+                if type_name == "Q5_K" else None)
         sb = torch.empty(t, k // 256, cpu_w6.KQ_RECORD, dtype=torch.int16)
         cpu_w4.gguf_pack("gguf_q4k_pack_kq", type_name, data, rows, n, k, packed.data_ptr(),
-                         None, sb.data_ptr())
-        return cls(packed, None, sb, cpu_w6.KQ)
+                         None if high is None else high.data_ptr(), sb.data_ptr())
+        return cls(packed, high, sb, cpu_w6.KQ)
 
     @classmethod
     def from_quant_linear(cls, layer: nn.Module) -> W6Linear:
