@@ -41,3 +41,25 @@ def test_token_ids_fit_the_vocabulary() -> None:
 def test_llamacpp_contexts_hold_the_workloads() -> None:
     one, many = compare_cpu.kv_tokens(compare_cpu.workloads(False))
     assert one >= 10 * (150 + 32) and many >= 16 * (1000 + 32 + 32) and many <= 20480
+
+
+def test_defaults_trailing_a_forced_variant_show_both_runs_ranges() -> None:
+    def runs(decode: list[float], chat: list[float]) -> dict:
+        return compare_cpu.summarize([{"decode_tok_s": d, "chat_ttft_sum_s": c}
+                                      for d, c in zip(decode, chat, strict=True)])
+
+    ours = runs([150.0, 160.0, 170.0], [1.5, 1.6, 1.7])
+    overlapping = runs([155.0, 165.0, 175.0], [1.4, 1.5, 1.6])
+    apart = runs([200.0, 210.0, 220.0], [1.0, 1.1, 1.2])
+    faster = runs([100.0, 110.0, 120.0], [2.0, 2.1, 2.2])
+    assert compare_cpu.slower_workloads(ours, faster) == []
+    assert compare_cpu.slower_workloads(ours, overlapping) == [
+        "single stream decode, tok/s 160.0 vs 165.0 (runs 150.0-170.0 vs 155.0-175.0: "
+        "the ranges overlap)",
+        "chat (d), sum of TTFTs, s 1.6 vs 1.5 (runs 1.5-1.7 vs 1.4-1.6: the ranges overlap)"]
+    assert compare_cpu.slower_workloads(ours, apart) == [
+        "single stream decode, tok/s 160.0 vs 210.0 (runs 150.0-170.0 vs 200.0-220.0: apart)",
+        "chat (d), sum of TTFTs, s 1.6 vs 1.1 (runs 1.5-1.7 vs 1.0-1.2: apart)"]
+    one_run = compare_cpu.summarize([{"decode_tok_s": 150.0}])
+    assert compare_cpu.slower_workloads(one_run, compare_cpu.summarize([{"decode_tok_s": 151.0}])) == [
+        "single stream decode, tok/s 150.0 vs 151.0"]
