@@ -94,13 +94,18 @@ def test_loops_equal_the_int8_reference(cpu_variant: str, rows: int, n: int, k: 
 
 
 @needs_kernels
-@pytest.mark.parametrize(("six", "zp"), KINDS, ids=KIND_IDS)
+@pytest.mark.parametrize(("six", "zp"), [*KINDS, (False, cpu_w6.KQ)], ids=[*KIND_IDS, "super-block"])
 def test_a_row_gives_the_same_bits_in_any_pass(cpu_variant: str, six: bool, zp: int) -> None:
     """A row's product does not depend on how many rows share its pass over a tile (1-4 rows,
     or up to 8 in the VNNI builds' wide tile) nor on K being taken in spans (many rows): 13
-    rows at once equal each row alone, bit for bit, float32 and bf16."""
+    rows at once equal each row alone, bit for bit, float32 and bf16 (super-block scales too:
+    their sums per super-block in every VNNI tile)."""
     n, k, group = 48, 1536, 32
-    packed, high, sb = _packed(n, k, group, 13, six, zp)
+    if zp == cpu_w6.KQ:
+        kq = _kq_layer(n, k, 13)
+        packed, high, sb = kq.packed, kq.high, kq.sb
+    else:
+        packed, high, sb = _packed(n, k, group, 13, six, zp)
     x = torch.randn(13, k, generator=torch.Generator().manual_seed(7))
     for xs in (x, x.bfloat16()):
         together = cpu_w6.matmul(xs, packed, high, sb, zp)
