@@ -1007,6 +1007,7 @@ static inline __attribute__((always_inline)) void w4q_i8_tile512_n(
     for (int m = 0; m < I8_ROWS; m++) out[m] = _mm512_setzero_ps();
 #ifdef __AVX512VNNI__
     __m512 tmp[I8_ROWS]; /* a super-block's sums (kq) */
+    for (int m = 0; m < I8_ROWS; m++) tmp[m] = _mm512_setzero_ps();
 #else
     (void)bsum, (void)kq; /* the super-block sums are the 256-bit tile's */
 #endif
@@ -1138,7 +1139,7 @@ static inline __attribute__((always_inline)) void w4q_i8_tile512_wide_n(
     const int groups = k / gs, chunks = gs / 4;
     const __m512i book = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)I8_NL_VALUES));
     __m512 out[I8_WIDE_ROWS], tmp[I8_WIDE_ROWS];
-    for (int m = 0; m < I8_WIDE_ROWS; m++) out[m] = _mm512_setzero_ps();
+    for (int m = 0; m < I8_WIDE_ROWS; m++) out[m] = tmp[m] = _mm512_setzero_ps();
     for (int g = 0; g < groups; g++) {
         i8_prefetch_scales(sbp, zp, g, gs);
         if (kq && g % 8 == 0) i8_kq_start512(sbp, g / 8, bsum, groups, rows, tmp);
