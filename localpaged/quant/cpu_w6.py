@@ -107,11 +107,16 @@ def values_of(codes: torch.Tensor, zero_point: int) -> torch.Tensor:
 KQ_RECORD = 160  # uint16 per tile and 256 values of K: d [16], dmin [16], sc [8][16], m [8][16] (u8)
 
 
-def activation_block(zero_point: int, group_size: int) -> int:
+def activation_block(zero_point: int, group_size: int, k: int = 256,
+                     top_bits: bool = False) -> int:
     """How many values of K share an int8 activation scale in the product of a matrix of this
-    form: its groups, or 256 for super-block scales (as llama.cpp's Q8_K), where the AVX2
-    loops then sum a super-block's groups in int32 and apply the float scales once."""
-    return 256 if zero_point == KQ else group_size
+    form (K = `k`): its groups, or 256 (as llama.cpp's Q8_K) for super-block scales, where the
+    loops then sum a super-block's groups and apply the float scales once, and for Q6_K's form
+    (6-bit codes, zero point 32, groups of 16, K a multiple of 256), whose VNNI loops do so."""
+    if zero_point == KQ:
+        return 256
+    q6_k = zero_point == 32 and top_bits and group_size == 16 and k % 256 == 0
+    return 256 if q6_k else group_size
 
 
 def group_size(packed: torch.Tensor, sb: torch.Tensor, zero_point: int = 0) -> int:

@@ -82,7 +82,7 @@ def test_loops_equal_the_int8_reference(cpu_variant: str, rows: int, n: int, k: 
     w = cpu_w6.dequantize(packed, high, sb, zp)
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
     x[0, : k // 2] = x[0, : k // 2].abs() * 10  # all of one sign, at the largest code
-    exact = _int8_reference(x, w, group)
+    exact = _int8_reference(x, w, cpu_w6.activation_block(zp, group, k, six))
     for plain in (False, True):
         got = cpu_w6.matmul(x, packed, high, sb, zp, plain=plain)
         assert got.dtype == torch.float32
@@ -94,13 +94,16 @@ def test_loops_equal_the_int8_reference(cpu_variant: str, rows: int, n: int, k: 
 
 
 @needs_kernels
-@pytest.mark.parametrize(("six", "zp"), [*KINDS, (False, cpu_w6.KQ)], ids=[*KIND_IDS, "super-block"])
-def test_a_row_gives_the_same_bits_in_any_pass(cpu_variant: str, six: bool, zp: int) -> None:
+@pytest.mark.parametrize(("six", "zp", "group"),
+                         [(six, zp, 32) for six, zp in KINDS] + [(True, 32, 16), (False, cpu_w6.KQ, 32)],
+                         ids=[*KIND_IDS, "q6_k-form", "super-block"])
+def test_a_row_gives_the_same_bits_in_any_pass(cpu_variant: str, six: bool, zp: int,
+                                               group: int) -> None:
     """A row's product does not depend on how many rows share its pass over a tile (1-4 rows,
     or up to 8 in the VNNI builds' wide tile) nor on K being taken in spans (many rows): 13
-    rows at once equal each row alone, bit for bit, float32 and bf16 (super-block scales too:
-    their sums per super-block in every VNNI tile)."""
-    n, k, group = 48, 1536, 32
+    rows at once equal each row alone, bit for bit, float32 and bf16 (super-block scales and
+    Q6_K's form too: their sums per super-block in every VNNI tile)."""
+    n, k = 48, 1536
     if zp == cpu_w6.KQ:
         kq = _kq_layer(n, k, 13)
         packed, high, sb = kq.packed, kq.high, kq.sb
@@ -156,15 +159,26 @@ def test_many_bf16_rows_on_amx_take_the_weight_in_bf16(cpu_variant: str, rows: i
 @needs_kernels
 def test_symmetric_groups_equal_their_offsets_written_out() -> None:
     """Scales alone with a zero point give the products of the same weight with its offsets
-    `-zp * scale` stored, bit for bit (the offsets are exact: zp is a power of two)."""
-    codes, s, _ = _weight(48, 256, 16, 3)
+    `-zp * scale` stored, bit for bit (the offsets are exact: zp is a power of two); in Q6_K's
+    form (groups of 16) through activations per super-block, each the int8 product of its own
+    activation blocks."""
+    codes, s, _ = _weight(48, 256, 32, 3)
     sym = cpu_w6.pack(codes, s, None, zero_point=32)
     full = cpu_w6.pack(codes, s, -32 * s)
-    assert sym[2].shape == (3, 16, 1, 16) and full[2].shape == (3, 16, 2, 16)
+    assert sym[2].shape == (3, 8, 1, 16) and full[2].shape == (3, 8, 2, 16)
     x = torch.randn(5, 256)
     assert torch.equal(cpu_w6.matmul(x, *sym, 32), cpu_w6.matmul(x, *full))
     with pytest.raises(ValueError, match="zero point"):
         W6Linear(sym[0], sym[1], sym[2])
+    codes, s, _ = _weight(48, 256, 16, 3)
+    sym = cpu_w6.pack(codes, s, None, zero_point=32)
+    full = cpu_w6.pack(codes, s, -32 * s)
+    w = cpu_w6.dequantize(*full)
+    assert torch.equal(cpu_w6.dequantize(*sym, 32), w)
+    assert cpu_w6.activation_block(32, 16, 256, True) == 256
+    for got, block in ((cpu_w6.matmul(x, *sym, 32), 256), (cpu_w6.matmul(x, *full), 16)):
+        exact = _int8_reference(x, w, block)
+        assert (got.double() - exact).abs().max() <= 2**-18 * exact.abs().max()
 
 
 @pytest.fixture(scope="module")
