@@ -111,12 +111,14 @@ def activation_block(zero_point: int, group_size: int, k: int = 256,
                      top_bits: bool = False) -> int:
     """How many values of K share an int8 activation scale in the product of a matrix of this
     form (K = `k`): its groups, or 256 (as llama.cpp's Q8_K) for super-block scales, where the
-    loops then sum a super-block's groups and apply the float scales once, and for Q6_K's form
-    (6-bit codes, zero point 32, groups of 16, K a multiple of 256), whose VNNI loops do so."""
+    loops then sum a super-block's groups and apply the float scales once, and for the
+    symmetric groups of Q6_K's form (6-bit codes, zero point 32, groups of 16) and Q4_0's
+    (4-bit codes, zero point 8, groups of 32), K a multiple of 256, whose VNNI loops do so."""
     if zero_point == KQ:
         return 256
-    q6_k = zero_point == 32 and top_bits and group_size == 16 and k % 256 == 0
-    return 256 if q6_k else group_size
+    q6_k = zero_point == 32 and top_bits and group_size == 16
+    q4_0 = zero_point == 8 and not top_bits and group_size == 32
+    return 256 if (q6_k or q4_0) and k % 256 == 0 else group_size
 
 
 def group_size(packed: torch.Tensor, sb: torch.Tensor, zero_point: int = 0) -> int:

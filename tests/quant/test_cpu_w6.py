@@ -221,7 +221,8 @@ def test_c_packer_holds_the_gguf_values(fixture_tensors, type_name: str) -> None
 @needs_kernels
 def test_q4_0_keeps_its_scales_alone(fixture_tensors) -> None:
     """A Q4_0 matrix in the quads layout with symmetric groups: the `gguf` package's values
-    exactly, and the same products as the 4-bit layer with its offsets stored."""
+    exactly, and the int8 products of its activations per super-block (`activation_block`),
+    as the 4-bit layer with its offsets stored gives them per group."""
     from localpaged.quant.ggml_int4 import GgmlInt4Weight
     from localpaged.quant.linear import QuantLinear
 
@@ -234,8 +235,13 @@ def test_q4_0_keeps_its_scales_alone(fixture_tensors) -> None:
     assert torch.equal(layer.dequantize(), want)
     four = QuantLinear.from_int4(w, None, torch.float32, "cpu")
     x = torch.randn(3, k)
-    assert torch.equal(layer(x), cpu_w4.matmul_int8_activations(x, cpu_w4.to_quads(
-        cpu_w4.to_pairs(four.w4_packed)), four.w4_sb))
+    by_groups = cpu_w4.matmul_int8_activations(x, cpu_w4.to_quads(
+        cpu_w4.to_pairs(four.w4_packed)), four.w4_sb)
+    block = cpu_w6.activation_block(8, 32, k)
+    assert block == (256 if k % 256 == 0 else 32)
+    for got, size in ((layer(x), block), (by_groups, 32)):
+        exact = _int8_reference(x, want, size)
+        assert (got.double() - exact).abs().max() <= 2**-18 * exact.abs().max()
 
 
 @needs_kernels

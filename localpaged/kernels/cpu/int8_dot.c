@@ -958,7 +958,7 @@ static inline __attribute__((always_inline)) void i8_kq_group512(const uint16_t 
     }
 }
 
-/* Group g of symmetric 6-bit groups of 16 with activations per super-block (Q6_K's form, see
+/* Group g of symmetric groups with activations per super-block (Q6_K's or Q4_0's form, see
  * w4_gemm_i8): tmp += s * dot, per row, where the tile started dot at -zp * (the sum of the
  * group's codes of x), an int32 per row and group that w4_gemm_i8 leaves in place of xs (the
  * offset -zp * s folded into the integer sum: exact, and no operation but a broadcast). */
@@ -1478,6 +1478,7 @@ static void w4q_i8_tile(const uint8_t *wp, const uint8_t *hp, const uint16_t *sb
                    case r + 2 * I8_WIDE_ROWS: w4q_i8_tile512_wide_n(wp, hp, sbp, zp, xq, dx, xs, acc, r, k, gs, 0, 1, bsum, 0); break; \
                    case r + 4 * I8_WIDE_ROWS: w4q_i8_tile512_wide_n(wp, hp, sbp, zp, xq, dx, xs, acc, r, k, gs, 0, 0, bsum, 1); break; \
                    case r + 5 * I8_WIDE_ROWS: w4q_i8_tile512_wide_n(wp, hp, sbp, zp, xq, dx, xs, acc, r, k, gs, 1, 0, bsum, 1); break; \
+                   case r + 6 * I8_WIDE_ROWS: w4q_i8_tile512_wide_n(wp, hp, sbp, zp, xq, dx, xs, acc, r, k, gs, 0, 0, bsum, 2); break; \
                    case r + 7 * I8_WIDE_ROWS: w4q_i8_tile512_wide_n(wp, hp, sbp, zp, xq, dx, xs, acc, r, k, gs, 1, 0, bsum, 2); break;
             I8_CASE(5) I8_CASE(6) I8_CASE(7) I8_CASE(8)
 #undef I8_CASE
@@ -1502,6 +1503,7 @@ static void w4q_i8_tile(const uint8_t *wp, const uint8_t *hp, const uint16_t *sb
                    case r + 8: I8_QUADS(r, 0, 1, 0); break; \
                    case r + 12: I8_QUADS(r, 0, 0, 1); break; \
                    case r + 16: I8_QUADS(r, 1, 0, 1); break; \
+                   case r + 20: I8_QUADS(r, 0, 0, 2); break; \
                    case r + 24: I8_QUADS(r, 1, 0, 2); break;
         I8_CASE(1) I8_CASE(2) I8_CASE(3) I8_CASE(4)
 #undef I8_CASE
@@ -1829,10 +1831,12 @@ static int w4_gemm_i8(const void *x, const uint8_t *packed, const uint8_t *high,
     float *dx = malloc(sizeof(float) * ((size_t)m_rows * groups + 1));
     float *xs = malloc(sizeof(float) * ((size_t)m_rows * groups + 1));
     /* activations per super-block (quantize_rows_super), as llama.cpp's Q8_K: for super-block
-     * scales, and for Q6_K's form (6-bit codes, zero point 32, groups of 16), whose VNNI tiles
-     * then take 2 float32 operations per group and row, not 4 (i8_sym_group512) */
-    const int super = (zp == I8_KQ && k % 256 == 0 && 256 % gs == 0) ||
-                      (zp == 32 && high != NULL && gs == 16 && k % 256 == 0);
+     * scales, and for the symmetric groups of Q6_K's form (6-bit codes, zero point 32, groups
+     * of 16) and Q4_0's (4-bit, 8, 32), whose VNNI tiles then take 2 float32 operations per
+     * group and row, not 4 (i8_sym_group512) */
+    const int super = k % 256 == 0 &&
+                      ((zp == I8_KQ && 256 % gs == 0) || (zp == 32 && high != NULL && gs == 16) ||
+                       (zp == 8 && high == NULL && gs == 32));
     int16_t *bsum = super ? malloc(sizeof(int16_t) * ((size_t)m_rows * groups + 2)) : NULL;
     if (xq == NULL || dx == NULL || xs == NULL || (super && bsum == NULL) ||
         (super && quantize_rows_super(x, y_bf16, m_rows, k, gs, xq, dx, xs, bsum, threads))) {
