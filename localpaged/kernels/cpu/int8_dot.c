@@ -1813,6 +1813,18 @@ int i8_dot_isa(void) {
 
 /* One row of a tile's 16 results into y at `at`: float32, or rounded to bf16 (`y_bf16`). */
 static inline void store_tile_row(void *y, int y_bf16, size_t at, const float *acc) {
+#ifdef I8_AVX512
+    if (y_bf16) { /* f32_to_bf16 on 16 lanes at once: the same bits */
+        const __m512i u = _mm512_castps_si512(_mm512_loadu_ps(acc));
+        const __mmask16 nan = _mm512_cmpgt_epu32_mask(
+            _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+        __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(
+                                                              _mm512_srli_epi32(u, 16), _mm512_set1_epi32(1))));
+        r = _mm512_mask_or_epi32(r, nan, u, _mm512_set1_epi32(0x400000));
+        _mm256_storeu_si256((__m256i *)((uint16_t *)y + at), _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16)));
+        return;
+    }
+#endif
     if (y_bf16)
         for (int j = 0; j < I8_TILE; j++) ((uint16_t *)y)[at + j] = f32_to_bf16(acc[j]);
     else
