@@ -1021,7 +1021,7 @@ static inline __attribute__((always_inline)) void w4q_i8_tile512_n(
     __m512 out[I8_ROWS];
     for (int m = 0; m < I8_ROWS; m++) out[m] = _mm512_setzero_ps();
 #ifdef __AVX512VNNI__
-    __m512 tmp[I8_ROWS]; /* a super-block's sums (kq) */
+    __m512 tmp[I8_ROWS]; /* a super-block's sums (sup) */
     for (int m = 0; m < I8_ROWS; m++) tmp[m] = _mm512_setzero_ps();
 #else
     (void)bsum, (void)sup, (void)per; /* the super-block sums are the 256-bit tile's */
@@ -1043,8 +1043,9 @@ static inline __attribute__((always_inline)) void w4q_i8_tile512_n(
          * chunk c + 1 (high half), the high nibbles columns 8-15; each half's x is its own
          * chunk's four activations. The halves are added at the end of the group. */
         __m512i lo[I8_ROWS], hi[I8_ROWS];
-        for (int m = 0; m < I8_ROWS; m++) { /* Q6_K's form: from the offsets (i8_sym_group512),
-                                             * in the lanes each column's sum starts from */
+        for (int m = 0; m < I8_ROWS; m++) { /* symmetric groups: from the offsets
+                                             * (i8_sym_group512), in the lanes each column's
+                                             * sum starts from */
             lo[m] = hi[m] = sup == 2 && m < rows
                 ? _mm512_maskz_set1_epi32(0x00ff, ((const int32_t *)xs)[(size_t)m * groups + g])
                 : _mm512_setzero_si512();
@@ -1176,7 +1177,7 @@ static inline __attribute__((always_inline)) void w4q_i8_tile512_wide_n(
         const uint8_t *hg = six ? hp + (size_t)g * chunks * I8_TILE : NULL;
         const int8_t *xg = xq + (size_t)g * gs;
         __m512i dot[I8_WIDE_ROWS];
-        for (int m = 0; m < I8_WIDE_ROWS; m++) /* Q6_K's form: from the offsets (i8_sym_group512) */
+        for (int m = 0; m < I8_WIDE_ROWS; m++) /* symmetric groups: from the offsets (i8_sym_group512) */
             dot[m] = sup == 2 && m < rows ? _mm512_set1_epi32(((const int32_t *)xs)[(size_t)m * groups + g])
                                           : _mm512_setzero_si512();
 #define I8_WIDE_CHUNK(c)                                                                         \
@@ -1467,8 +1468,8 @@ static void w4q_i8_tile(const uint8_t *wp, const uint8_t *hp, const uint16_t *sb
                         const int8_t *xq, const float *dx, const float *xs, const int16_t *bsum,
                         float *acc, int rows, int k, int gs) {
 #ifdef I8_WIDE_ROWS
-    /* activations per super-block (`bsum`): super-block scales (i8_kq_start512) or Q6_K's
-     * symmetric groups (i8_sym_group512) summed per super-block in the VNNI tiles */
+    /* activations per super-block (`bsum`): super-block scales (i8_kq_start512) or Q6_K's and
+     * Q4_0's symmetric groups (i8_sym_group512) summed per super-block in the VNNI tiles */
     const int kq = zp == I8_KQ && bsum != NULL, sq = zp > 0 && bsum != NULL;
     if (rows > I8_ROWS) {
         switch (rows + I8_WIDE_ROWS * (hp != NULL) + 2 * I8_WIDE_ROWS * (zp == I8_NL) +
@@ -1860,7 +1861,8 @@ static int w4_gemm_i8(const void *x, const uint8_t *packed, const uint8_t *high,
     }
     if (!super) quantize_rows_i8(x, y_bf16, m_rows, k, gs, xq, dx, xs, threads);
 #if defined(I8_AVX512) && defined(__AVX512VNNI__)
-    /* Q6_K's form in the VNNI tiles (i8_sym_group512): xs holds -zp * bsum as int32 */
+    /* Q6_K's and Q4_0's forms in the VNNI tiles (i8_sym_group512): xs holds -zp * bsum as
+     * int32 */
     if (super && zp > 0 && !plain) {
         int32_t *off = (int32_t *)xs;
         for (size_t i = 0; i < (size_t)m_rows * groups; i++) off[i] = -zp * bsum[i];
