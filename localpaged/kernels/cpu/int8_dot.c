@@ -985,6 +985,44 @@ static inline __attribute__((always_inline)) void i8_kq_end512(const float *dx, 
 }
 #endif
 
+/* Group g of a 16-column tile about to start: a super-block's sums begin (`sup` 1: super-block
+ * scales, from their mins; 2: symmetric groups, from zero; 0: none, per-group scales). */
+static inline __attribute__((always_inline)) void i8_super_start512(const uint16_t *sbp, int sup,
+                                                                   int g, int per,
+                                                                   const int16_t *bsum,
+                                                                   int groups, int rows,
+                                                                   __m512 *tmp) {
+#ifdef __AVX512VNNI__
+    if (sup == 1 && g % 8 == 0) i8_kq_start512(sbp, g / 8, bsum, groups, rows, tmp);
+    if (sup == 2 && g % per == 0)
+        for (int m = 0; m < rows; m++) tmp[m] = _mm512_setzero_ps();
+#else
+    (void)sbp, (void)sup, (void)g, (void)per, (void)bsum, (void)groups, (void)rows, (void)tmp;
+#endif
+}
+
+/* Group g of a 16-column tile done, its integer sums in dot: into the super-block's sums
+ * (`sup` 1 or 2, applied at the super-block's last group) or its scales applied at once. */
+static inline __attribute__((always_inline)) void i8_group_done512(
+    const uint16_t *sbp, int zp, int sup, int g, int per, const __m512i *dot, const float *dx,
+    const float *xs, int groups, int rows, __m512 *tmp, __m512 *out) {
+#ifdef __AVX512VNNI__
+    if (sup == 1) {
+        i8_kq_group512(sbp, g, dot, rows, tmp);
+        if (g % 8 == 7) i8_kq_end512(dx, g, groups, rows, tmp, out);
+        return;
+    }
+    if (sup == 2) {
+        i8_sym_group512(sbp, g, rows, dot, tmp);
+        if (g % per == per - 1) i8_kq_end512(dx, g, groups, rows, tmp, out);
+        return;
+    }
+#else
+    (void)sup, (void)per, (void)tmp;
+#endif
+    w4_i8_group512(sbp, zp, g, dot, dx, xs, groups, rows, out);
+}
+
 /* The codes of chunk c of a quads tile's group `gp` (with its 6-bit top bits `hg` when `six`)
  * for all 16 columns: the chunk's 32 bytes in both halves of a zmm, the upper half shifted by
  * 4, so that columns 0-7 are the low half and 8-15 the high one, 4 values of K per int32 lane. */
@@ -1020,19 +1058,12 @@ static inline __attribute__((always_inline)) void w4q_i8_tile512_n(
     const __m512i book = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)I8_NL_VALUES));
     __m512 out[I8_ROWS];
     for (int m = 0; m < I8_ROWS; m++) out[m] = _mm512_setzero_ps();
-#ifdef __AVX512VNNI__
-    __m512 tmp[I8_ROWS]; /* a super-block's sums (sup) */
+    __m512 tmp[I8_ROWS]; /* a super-block's sums (sup; without VNNI the super-block sums are
+                          * the 256-bit tile's) */
     for (int m = 0; m < I8_ROWS; m++) tmp[m] = _mm512_setzero_ps();
-#else
-    (void)bsum, (void)sup, (void)per; /* the super-block sums are the 256-bit tile's */
-#endif
     for (int g = 0; g < groups; g++) {
         i8_prefetch_scales(sbp, zp, g, gs);
-#ifdef __AVX512VNNI__
-        if (sup == 1 && g % 8 == 0) i8_kq_start512(sbp, g / 8, bsum, groups, rows, tmp);
-        if (sup == 2 && g % per == 0)
-            for (int m = 0; m < I8_ROWS; m++) tmp[m] = _mm512_setzero_ps();
-#endif
+        i8_super_start512(sbp, sup, g, per, bsum, groups, rows, tmp);
         const uint8_t *gp = wp + (size_t)g * chunks * 2 * I8_TILE;
         const uint8_t *hg = six ? hp + (size_t)g * chunks * I8_TILE : NULL;
         const int8_t *xg = xq + (size_t)g * gs;
@@ -1138,19 +1169,7 @@ static inline __attribute__((always_inline)) void w4q_i8_tile512_n(
             }
         }
 #endif
-#ifdef __AVX512VNNI__
-        if (sup == 1) {
-            i8_kq_group512(sbp, g, dot, rows, tmp);
-            if (g % 8 == 7) i8_kq_end512(dx, g, groups, rows, tmp, out);
-            continue;
-        }
-        if (sup == 2) {
-            i8_sym_group512(sbp, g, rows, dot, tmp);
-            if (g % per == per - 1) i8_kq_end512(dx, g, groups, rows, tmp, out);
-            continue;
-        }
-#endif
-        w4_i8_group512(sbp, zp, g, dot, dx, xs, groups, rows, out);
+        i8_group_done512(sbp, zp, sup, g, per, dot, dx, xs, groups, rows, tmp, out);
     }
     for (int m = 0; m < rows; m++) _mm512_storeu_ps(acc + m * I8_TILE, out[m]);
 }
@@ -1170,9 +1189,7 @@ static inline __attribute__((always_inline)) void w4q_i8_tile512_wide_n(
     for (int m = 0; m < I8_WIDE_ROWS; m++) out[m] = tmp[m] = _mm512_setzero_ps();
     for (int g = 0; g < groups; g++) {
         i8_prefetch_scales(sbp, zp, g, gs);
-        if (sup == 1 && g % 8 == 0) i8_kq_start512(sbp, g / 8, bsum, groups, rows, tmp);
-        if (sup == 2 && g % per == 0)
-            for (int m = 0; m < I8_WIDE_ROWS; m++) tmp[m] = _mm512_setzero_ps();
+        i8_super_start512(sbp, sup, g, per, bsum, groups, rows, tmp);
         const uint8_t *gp = wp + (size_t)g * chunks * 2 * I8_TILE;
         const uint8_t *hg = six ? hp + (size_t)g * chunks * I8_TILE : NULL;
         const int8_t *xg = xq + (size_t)g * gs;
@@ -1205,17 +1222,7 @@ static inline __attribute__((always_inline)) void w4q_i8_tile512_wide_n(
             I8_WIDE_CHUNK(c0);
         }
 #undef I8_WIDE_CHUNK
-        if (sup == 1) {
-            i8_kq_group512(sbp, g, dot, rows, tmp);
-            if (g % 8 == 7) i8_kq_end512(dx, g, groups, rows, tmp, out);
-            continue;
-        }
-        if (sup == 2) {
-            i8_sym_group512(sbp, g, rows, dot, tmp);
-            if (g % per == per - 1) i8_kq_end512(dx, g, groups, rows, tmp, out);
-            continue;
-        }
-        w4_i8_group512(sbp, zp, g, dot, dx, xs, groups, rows, out);
+        i8_group_done512(sbp, zp, sup, g, per, dot, dx, xs, groups, rows, tmp, out);
     }
     for (int m = 0; m < rows; m++) _mm512_storeu_ps(acc + m * I8_TILE, out[m]);
 }
