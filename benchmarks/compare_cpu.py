@@ -589,6 +589,14 @@ def print_targets(results: dict[str, dict | str], ours_name: str = "localpaged")
               "; ".join(slower) or "faster or equal in every workload")
 
 
+def rotated(names: list[str], by: int) -> list[str]:
+    """`names` starting at index `by` (modulo its length), the ones before it moved to the end."""
+    if not names:
+        return []
+    by %= len(names)
+    return names[by:] + names[:by]
+
+
 def slower_workloads(ours: dict, forced: dict) -> list[str]:
     """The workloads whose median the defaults (`ours`, summarize's form) trail `forced` in,
     each with both sides' medians and, from two runs on, their runs' ranges and whether those
@@ -767,9 +775,12 @@ def main() -> None:
                       if n in names and torch_env(isa)  # amx: holds nothing
                       and (n.endswith("fp32") or "bf16" in isa)]
     # Round robin (every engine once, then again): a machine whose speed drifts during the
-    # run (shared hosts do) then weighs on every engine alike.
-    for _ in range(args.repeats):
-        for name in names:
+    # run (shared hosts do) then weighs on every engine alike. Each round starts one engine
+    # later, so that no engine always runs first: on a 2-core Xeon the defaults, first in
+    # every round, trailed the same kernels forced (`localpaged[avx512vnni]`) in all six
+    # workloads' medians, while alternated direct runs of both read alike.
+    for round_no in range(args.repeats):
+        for name in rotated(names, round_no):
             runs = saved.setdefault(name, [])
             if name in results or len(runs) >= args.repeats:
                 continue

@@ -63,3 +63,12 @@ def test_defaults_trailing_a_forced_variant_show_both_runs_ranges() -> None:
     one_run = compare_cpu.summarize([{"decode_tok_s": 150.0}])
     assert compare_cpu.slower_workloads(one_run, compare_cpu.summarize([{"decode_tok_s": 151.0}])) == [
         "single stream decode, tok/s 150.0 vs 151.0"]
+
+
+def test_each_round_starts_one_engine_later() -> None:
+    names = ["localpaged", "localpaged[avx2]", "llama.cpp"]
+    firsts = [compare_cpu.rotated(names, r)[0] for r in range(4)]
+    assert firsts == ["localpaged", "localpaged[avx2]", "llama.cpp", "localpaged"]
+    for r in range(4):  # every engine once a round, whatever the start
+        assert sorted(compare_cpu.rotated(names, r)) == sorted(names)
+    assert compare_cpu.rotated([], 2) == []
