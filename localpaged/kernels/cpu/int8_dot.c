@@ -1474,10 +1474,14 @@ static void w4_i8_tile(const uint8_t *wp, const uint16_t *sbp, const int8_t *xq,
 static void w4q_i8_tile(const uint8_t *wp, const uint8_t *hp, const uint16_t *sbp, int zp,
                         const int8_t *xq, const float *dx, const float *xs, const int16_t *bsum,
                         float *acc, int rows, int k, int gs) {
-#ifdef I8_WIDE_ROWS
+#if defined(I8_AVX512) && defined(__AVX512VNNI__)
     /* activations per super-block (`bsum`): super-block scales (i8_kq_start512) or Q6_K's and
      * Q4_0's symmetric groups (i8_sym_group512) summed per super-block in the VNNI tiles */
     const int kq = zp == I8_KQ && bsum != NULL, sq = zp > 0 && bsum != NULL;
+#else
+    const int kq = 0, sq = 0;
+#endif
+#ifdef I8_WIDE_ROWS /* defined with AVX-512 VNNI, as kq and sq above */
     if (rows > I8_ROWS) {
         switch (rows + I8_WIDE_ROWS * (hp != NULL) + 2 * I8_WIDE_ROWS * (zp == I8_NL) +
                 4 * I8_WIDE_ROWS * kq + 6 * I8_WIDE_ROWS * sq) {
@@ -1500,12 +1504,7 @@ static void w4q_i8_tile(const uint8_t *wp, const uint8_t *hp, const uint16_t *sb
 #else
 #define I8_QUADS(r, six, nl, kq) w4q_i8_tile_n(wp, hp, sbp, zp, xq, dx, xs, acc, r, k, gs, six, nl, bsum)
 #endif
-#if defined(I8_AVX512) && defined(__AVX512VNNI__)
-    const int kq4 = zp == I8_KQ && bsum != NULL, sq4 = zp > 0 && bsum != NULL;
-#else
-    const int kq4 = 0, sq4 = 0;
-#endif
-    switch (rows + 4 * (hp != NULL) + 8 * (zp == I8_NL) + 12 * kq4 + 20 * sq4) {
+    switch (rows + 4 * (hp != NULL) + 8 * (zp == I8_NL) + 12 * kq + 20 * sq) {
 #define I8_CASE(r) case r: I8_QUADS(r, 0, 0, 0); break; \
                    case r + 4: I8_QUADS(r, 1, 0, 0); break; \
                    case r + 8: I8_QUADS(r, 0, 1, 0); break; \
