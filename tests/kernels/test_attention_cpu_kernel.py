@@ -75,14 +75,15 @@ def test_paged_attention_takes_the_kernel_for_bf16_decode_steps_only(
     assert step.derived["attn.cpu_kernel"] is False
 
 
-def _f32_kernel(q, k_cache, v_cache, tables, seq_lens, scale) -> torch.Tensor:
-    """The kernel's float32 build (the decode layer's, for float32 models)."""
+def _f32_kernel(q, k_cache, v_cache, tables, seq_lens, scale, threads: int = 2) -> torch.Tensor:
+    """The kernel's float32 build (the decode layer's, for float32 models), or its bf16 build
+    for bf16 tensors, on `threads` threads."""
     lib = native.library()
     out = torch.empty_like(q)
-    assert lib.paged_decode_f32(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
-                                tables.data_ptr(), tables.shape[1], seq_lens.data_ptr(),
-                                out.data_ptr(), q.shape[0], q.shape[1], k_cache.shape[2],
-                                q.shape[2], k_cache.shape[1], scale, 2) == 0
+    kernel = lib.paged_decode_bf16 if q.dtype == torch.bfloat16 else lib.paged_decode_f32
+    assert kernel(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(),
+                  tables.shape[1], seq_lens.data_ptr(), out.data_ptr(), q.shape[0], q.shape[1],
+                  k_cache.shape[2], q.shape[2], k_cache.shape[1], scale, threads) == 0
     return out
 
 
@@ -93,14 +94,16 @@ def test_prompt_chunk_rows_equal_plain_attention(heads, kv_heads, dim, bs, dtype
                                                  cpu_variant) -> None:
     """A prompt chunk as rows (one per token: the request's blocks, contexts growing by one,
     taken together by the kernel), between decode rows of other requests, in runs longer than
-    the kernel's group (16) and shorter, starting mid-block and at position 0; head sizes
-    that fill the vector loops and that leave a remainder."""
+    the kernel's groups (16 to 48 rows, by the rows and threads) and shorter, starting
+    mid-block and at position 0; head sizes that fill the vector loops and that leave a
+    remainder. One thread takes the widest groups, eight the narrowest: the same bits."""
     g = torch.Generator().manual_seed(dim + bs)
-    lens = [40, 52, 5, 200]  # decode rows and the chunks' full contexts
+    lens = [40, 52, 5, 200, 130]  # decode rows and the chunks' full contexts
     _, k_cache, v_cache, tables, _ = _batch(g, lens, heads, kv_heads, dim, bs)
     rows: list[tuple[int, int]] = [(0, 40)]  # (request, context)
     rows += [(1, n) for n in range(12, 53)]  # a 41-token chunk: groups of 16, 16 and 9
     rows += [(2, n) for n in range(1, 6)]  # a whole 5-token prompt from position 0
+    rows += [(4, n) for n in range(31, 131)]  # 100 tokens: groups of 48, 48 and 4 at the widest
     rows += [(3, 200), (3, 199)]  # not consecutive: one row each
     row_tables = torch.stack([tables[r] for r, _ in rows]).contiguous()
     row_lens = torch.tensor([n for _, n in rows], dtype=torch.int32)
@@ -114,6 +117,10 @@ def test_prompt_chunk_rows_equal_plain_attention(heads, kv_heads, dim, bs, dtype
         got = _f32_kernel(q.float(), k_cache.float(), v_cache.float(), row_tables, row_lens,
                           dim**-0.5)
         torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
+    # Nor on how the kernel groups the rows (bits, in either build).
+    wide, narrow = (_f32_kernel(q.to(dtype), k_cache.to(dtype), v_cache.to(dtype), row_tables,
+                                row_lens, dim**-0.5, threads) for threads in (1, 8))
+    assert torch.equal(wide, got) and torch.equal(narrow, got)
     # A row's result does not depend on the rows around it (bits, in either build).
     alone = [attention_cpu.paged_decode_attention_cpu(q[i:i + 1], k_cache, v_cache,
                                                       row_tables[i:i + 1], row_lens[i:i + 1],

@@ -54,7 +54,7 @@ static void PD_ROWS(const PD_T *q, const PD_T *k_cache, const PD_T *v_cache,
                         scores + (size_t)j * stride + t0, stride);
         }
     }
-    float total[PD_GROUP * MAX_REP];
+    float total[PD_GROUP_MAX * MAX_REP];
     for (int j = 0; j < m; j++) {
         const int len = first_len + j / rep;
         total[j] = pd_softmax(scores + (size_t)j * stride, len);
@@ -196,10 +196,10 @@ int PD_NAME(const PD_T *q, const PD_T *k_cache, const PD_T *v_cache,
     if (rep > MAX_REP || dim > MAX_DIM) return -2;
     int max_len = 1;
     for (int b = 0; b < batch; b++) max_len = seq_lens[b] > max_len ? seq_lens[b] : max_len;
-    /* Tasks: up to PD_GROUP consecutive tokens of one request (a prompt chunk), and decode
-     * rows (one token), whose contexts are cut into stretches of `seg` keys (PD_SEG): with
-     * few rows and long contexts the threads share each row's keys (SmolLM2-1.7B, one chat
-     * at 2000 tokens: a decode step 52 -> 39 ms on a 2-core Zen 5). */
+    /* Tasks: up to `group` (pd_group_rows) consecutive tokens of one request (a prompt
+     * chunk), and decode rows (one token), whose contexts are cut into stretches of `seg`
+     * keys (PD_SEG): with few rows and long contexts the threads share each row's keys
+     * (SmolLM2-1.7B, one chat at 2000 tokens: a decode step 52 -> 39 ms on a 2-core Zen 5). */
     int *starts = malloc(sizeof(int) * ((size_t)batch + 1));
     int *grouped = malloc(sizeof(int) * ((size_t)batch + 1));
     int *singles = malloc(sizeof(int) * ((size_t)batch + 1));
@@ -208,10 +208,11 @@ int PD_NAME(const PD_T *q, const PD_T *k_cache, const PD_T *v_cache,
         free(starts), free(grouped), free(singles), free(seg_first);
         return -1;
     }
+    const int group = pd_group_rows(batch, kv_heads, threads);
     int tasks = 0, widest = 1, n_grouped = 0, n_single = 0;
     for (int b = 0; b < batch;) {
         int n = 1;
-        while (b + n < batch && n < PD_GROUP
+        while (b + n < batch && n < group
                && pd_continues(tables, table_stride, seq_lens, block_size, b + n))
             n++;
         starts[tasks] = b;
