@@ -102,7 +102,10 @@ class LLMEngine:
 
         self._mover = (huge_pages.WeightMover(model, getattr(model, "weights_file_mapped", False))
                        if self.device.type == "cpu" and huge_pages.available() else None)
-        self._last_move = 0.0
+        # A busy engine's first piece comes BUSY_MOVE_EVERY_S after load, not before its
+        # first step: the piece (32 MiB into fresh huge pages, the decode plan rebuilt) had
+        # delayed the first token by 15-60 ms.
+        self._last_move = time.monotonic()
 
     # -- work between steps ----------------------------------------------------------------
     def idle_work(self, busy: bool = False) -> str:

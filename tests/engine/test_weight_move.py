@@ -63,6 +63,15 @@ def test_an_idle_engine_moves_the_weights_and_answers_the_same(smollm_gguf: Path
         client.async_engine.close()
 
 
+def test_the_first_steps_after_load_come_before_any_move(smollm_gguf: Path) -> None:
+    """Busy right after load (a first request waiting), the engine steps before it moves a
+    piece: the first token does not wait for the weights' move."""
+    engine = LLMEngine.from_args(EngineArgs(model=str(smollm_gguf)))
+    assert engine._mover is not None
+    assert engine.idle_work(busy=True) == "blocked"
+    assert not _in_one_block(engine.model) and engine._mover._memory is None  # nothing moved
+
+
 def test_a_busy_engine_moves_them_between_steps(smollm_gguf: Path, want: list[int],
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """A piece between every two steps: the request's decode steps run on weights partly
