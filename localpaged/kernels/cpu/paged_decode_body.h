@@ -208,7 +208,7 @@ int PD_NAME(const PD_T *q, const PD_T *k_cache, const PD_T *v_cache,
         free(starts), free(grouped), free(singles), free(seg_first);
         return -1;
     }
-    const int group = pd_group_rows(batch, kv_heads, threads);
+    const int group = pd_group_rows(batch, kv_heads, rep, max_len + PD_KEYS, threads);
     int tasks = 0, widest = 1, n_grouped = 0, n_single = 0;
     for (int b = 0; b < batch;) {
         int n = 1;
