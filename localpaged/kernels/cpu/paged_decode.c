@@ -437,7 +437,7 @@ static inline void pd_weighted_sum(const float *p, size_t p_stride, int nq, int 
  * the threads four tasks each (a task is a group's KV head) and keeps a thread's scores
  * (`rep` query heads a row, `stride` keys each) within PD_SCORES_BYTES, else PD_GROUP_MIN.
  * With 16 rows a task, a prompt chunk of SmolLM2-1.7B (one query head per KV head) read its
- * keys and values 3x as often and ran at 30-45 GMAC/s; at 48, 45-65 (2-core Intel AVX-512). */
+ * keys and values 3x as often and ran at 35-51 GMAC/s; at 48, 45-68 (2-core Intel AVX-512). */
 #define PD_SCORES_BYTES (16L << 20)
 static int pd_group_rows(int batch, int kv_heads, int rep, int stride, int threads) {
     for (int group = PD_GROUP_MAX; group > PD_GROUP_MIN; group -= 16)
