@@ -101,7 +101,7 @@ def test_prompt_chunk_rows_equal_plain_attention(heads, kv_heads, dim, bs, dtype
     lens = [40, 52, 5, 200, 130]  # decode rows and the chunks' full contexts
     _, k_cache, v_cache, tables, _ = _batch(g, lens, heads, kv_heads, dim, bs)
     rows: list[tuple[int, int]] = [(0, 40)]  # (request, context)
-    rows += [(1, n) for n in range(12, 53)]  # a 41-token chunk: groups of 16, 16 and 9
+    rows += [(1, n) for n in range(12, 53)]  # a 41-token chunk: one group, or 16, 16 and 9
     rows += [(2, n) for n in range(1, 6)]  # a whole 5-token prompt from position 0
     rows += [(4, n) for n in range(31, 131)]  # 100 tokens: groups of 48, 48 and 4 at the widest
     rows += [(3, 200), (3, 199)]  # not consecutive: one row each
@@ -117,7 +117,7 @@ def test_prompt_chunk_rows_equal_plain_attention(heads, kv_heads, dim, bs, dtype
         got = _f32_kernel(q.float(), k_cache.float(), v_cache.float(), row_tables, row_lens,
                           dim**-0.5)
         torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
-    # Nor on how the kernel groups the rows (bits, in either build).
+    # The same bits however the kernel groups the rows (either build).
     wide, narrow = (_f32_kernel(q.to(dtype), k_cache.to(dtype), v_cache.to(dtype), row_tables,
                                 row_lens, dim**-0.5, threads) for threads in (1, 8))
     assert torch.equal(wide, got) and torch.equal(narrow, got)
