@@ -208,7 +208,8 @@ int PD_NAME(const PD_T *q, const PD_T *k_cache, const PD_T *v_cache,
         free(starts), free(grouped), free(singles), free(seg_first);
         return -1;
     }
-    const int group = pd_group_rows(batch, kv_heads, rep, max_len + PD_KEYS, threads);
+    const int stride = max_len + PD_KEYS; /* the grouped rows' scores: see PD_ROWS */
+    const int group = pd_group_rows(batch, kv_heads, rep, stride, threads);
     int tasks = 0, widest = 1, n_grouped = 0, n_single = 0;
     for (int b = 0; b < batch;) {
         int n = 1;
@@ -250,7 +251,6 @@ int PD_NAME(const PD_T *q, const PD_T *k_cache, const PD_T *v_cache,
     int failed = 0;
 #pragma omp parallel num_threads(threads)
     {
-        const int stride = max_len + PD_KEYS; /* the grouped rows' scores: see PD_ROWS */
         float *scores = n_grouped ? malloc(sizeof(float) * (size_t)rep * widest * stride) : NULL;
         float *qf_rows = n_grouped ? malloc(sizeof(float) * 2 * (size_t)widest * rep * dim) : NULL;
         float *seg_scores = n_seg ? malloc(sizeof(float) * (size_t)heads * seg) : NULL;
