@@ -75,7 +75,7 @@ def test_paged_attention_takes_the_kernel_for_bf16_decode_steps_only(
     assert step.derived["attn.cpu_kernel"] is False
 
 
-def _f32_kernel(q, k_cache, v_cache, tables, seq_lens, scale, threads: int = 2) -> torch.Tensor:
+def _kernel(q, k_cache, v_cache, tables, seq_lens, scale, threads: int = 2) -> torch.Tensor:
     """The kernel's float32 build (the decode layer's, for float32 models), or its bf16 build
     for bf16 tensors, on `threads` threads."""
     lib = native.library()
@@ -114,11 +114,11 @@ def test_prompt_chunk_rows_equal_plain_attention(heads, kv_heads, dim, bs, dtype
                                                        dim**-0.5)
         torch.testing.assert_close(got.float(), ref, rtol=2e-2, atol=1e-2)  # bf16 output
     else:
-        got = _f32_kernel(q.float(), k_cache.float(), v_cache.float(), row_tables, row_lens,
+        got = _kernel(q.float(), k_cache.float(), v_cache.float(), row_tables, row_lens,
                           dim**-0.5)
         torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
     # The same bits however the kernel groups the rows (either build).
-    wide, narrow = (_f32_kernel(q.to(dtype), k_cache.to(dtype), v_cache.to(dtype), row_tables,
+    wide, narrow = (_kernel(q.to(dtype), k_cache.to(dtype), v_cache.to(dtype), row_tables,
                                 row_lens, dim**-0.5, threads) for threads in (1, 8))
     assert torch.equal(wide, got) and torch.equal(narrow, got)
     # A row's result does not depend on the rows around it (bits, in either build).
@@ -149,7 +149,7 @@ def test_long_decode_rows_in_stretches_equal_plain_attention(heads, kv_heads, di
         torch.testing.assert_close(got.float(), ref, rtol=2e-2, atol=1e-2)
     else:
         def run(i: slice) -> torch.Tensor:
-            return _f32_kernel(q[i].float().contiguous(), k_cache.float(), v_cache.float(),
+            return _kernel(q[i].float().contiguous(), k_cache.float(), v_cache.float(),
                                tables[i].contiguous(), seq_lens[i].contiguous(), dim**-0.5)
         got = run(slice(None))
         torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
