@@ -136,7 +136,9 @@ def test_long_decode_rows_in_stretches_equal_plain_attention(heads, kv_heads, di
                                                              cpu_variant) -> None:
     """Decode rows whose contexts the kernel cuts into stretches of 128 keys, shared by the
     threads and joined after (lengths of one stretch, of several, and one past a whole
-    stretch), equal plain attention; a row gives the same bits alone as beside the others."""
+    stretch), equal plain attention; a row gives the same bits alone as beside the others,
+    and alone on 1 to 8 threads (few stretches are cut by KV heads too, as many as the
+    threads want)."""
     g = torch.Generator().manual_seed(dim + kv_heads)
     lens = [3, 700, 1, 1200, 129]
     q, k_cache, v_cache, tables, seq_lens = _batch(g, lens, heads, kv_heads, dim, bs)
@@ -148,10 +150,14 @@ def test_long_decode_rows_in_stretches_equal_plain_attention(heads, kv_heads, di
         got = run(slice(None))
         torch.testing.assert_close(got.float(), ref, rtol=2e-2, atol=1e-2)
     else:
-        def run(i: slice) -> torch.Tensor:
+        def run(i: slice, threads: int = 2) -> torch.Tensor:
             return _kernel(q[i].float().contiguous(), k_cache.float(), v_cache.float(),
-                               tables[i].contiguous(), seq_lens[i].contiguous(), dim**-0.5)
+                           tables[i].contiguous(), seq_lens[i].contiguous(), dim**-0.5,
+                           threads)
         got = run(slice(None))
         torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
+        for i in (0, 4):
+            for threads in (1, 8):
+                assert torch.equal(run(slice(i, i + 1), threads), got[i:i + 1])
     for i in (1, 3, 4):
         assert torch.equal(run(slice(i, i + 1)), got[i:i + 1])

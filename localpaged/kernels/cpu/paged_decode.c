@@ -176,6 +176,21 @@ static inline const void *pd_block(const void *cache, const int32_t *table, int 
     return (const char *)cache + (size_t)table[b0 / block_size] * block_bytes;
 }
 
+/* pd_block for a reader of some heads alone: of the next block, each token's `head_bytes`
+ * from `head_at` (its heads' part of the row of `row_bytes`) are asked for. */
+static inline const void *pd_block_heads(const void *cache, const int32_t *table, int b0, int t1,
+                                         int block_size, size_t row_bytes, size_t head_at,
+                                         size_t head_bytes) {
+    const size_t block_bytes = (size_t)block_size * row_bytes;
+    if (head_bytes == row_bytes) return pd_block(cache, table, b0, t1, block_size, block_bytes);
+    if (b0 + block_size < t1) {
+        const char *next = (const char *)cache + (size_t)table[b0 / block_size + 1] * block_bytes;
+        for (int t = 0; t < block_size; t++)
+            pd_prefetch_span(next + (size_t)t * row_bytes + head_at, head_bytes);
+    }
+    return (const char *)cache + (size_t)table[b0 / block_size] * block_bytes;
+}
+
 /* Where head h's row of token t lies in a paged cache (`row`: one token's rows, every head), in
  * elements from the cache's start. */
 static inline size_t pd_row_at(const int32_t *table, int t, int block_size, size_t row, int h,

@@ -90,26 +90,29 @@ static void PD_ROWS(const PD_T *q, const PD_T *k_cache, const PD_T *v_cache,
 }
 
 /* One decode row's attention over the keys [t0, t1) of its context (t0 a multiple of
- * block_size), every head: the scores, softmax and values of this stretch alone, for PD_MERGE:
- * per query head j its largest score mx[j], the sum of exponentials sm[j] and the unnormalized
- * value sums acc [heads][dim]. The keys of a block are read token by token with all their heads
+ * block_size), for the KV heads [h0, h1) and their query heads: the scores, softmax and values
+ * of this stretch alone, for PD_MERGE: per query head j its largest score mx[j], the sum of
+ * exponentials sm[j] and the unnormalized value sums acc [heads][dim] (those heads' entries
+ * only; a head's are the same bits whichever heads go with it). The keys of a block are read token by token with all their heads
  * side by side, as they lie (a head's rows alone are a cache row apart: SmolLM2-1.7B's 32 heads
  * put each 128-byte key of a head 4 KiB after the last, where the prefetchers do not follow),
  * and the next block is fetched while one is scored. Scratch: qf [heads][dim], scores
  * [heads][stride] (stride >= t1 - t0). */
 static void PD_SEG(const PD_T *q, const PD_T *k_cache, const PD_T *v_cache,
-                   const int32_t *table, int t0, int t1, int heads, int kv_heads, int dim,
-                   int block_size, float scale, float *qf, float *scores, int stride, float *mx,
-                   float *sm, float *acc) {
-    const int rep = heads / kv_heads, len = t1 - t0;
+                   const int32_t *table, int t0, int t1, int h0, int h1, int heads, int kv_heads,
+                   int dim, int block_size, float scale, float *qf, float *scores, int stride,
+                   float *mx, float *sm, float *acc) {
+    const int rep = heads / kv_heads, len = t1 - t0, j0 = h0 * rep, j1 = h1 * rep;
     const size_t row = (size_t)kv_heads * dim; /* one token's keys, all heads */
-    const size_t block_bytes = (size_t)block_size * row * sizeof(PD_T);
-    for (int j = 0; j < heads; j++)
+    const size_t row_bytes = row * sizeof(PD_T), head_at = (size_t)h0 * dim * sizeof(PD_T),
+                 head_bytes = (size_t)(h1 - h0) * dim * sizeof(PD_T);
+    for (int j = j0; j < j1; j++)
         for (int d = 0; d < dim; d++) qf[(size_t)j * dim + d] = PD_LOAD(q[(size_t)j * dim + d]) * scale;
     for (int b0 = t0; b0 < t1; b0 += block_size) {
         const int n = t1 - b0 < block_size ? t1 - b0 : block_size;
-        const PD_T *kb = pd_block(k_cache, table, b0, t1, block_size, block_bytes);
-        for (int h = 0; h < kv_heads; h++) {
+        const PD_T *kb = pd_block_heads(k_cache, table, b0, t1, block_size, row_bytes, head_at,
+                                      head_bytes);
+        for (int h = h0; h < h1; h++) {
             const PD_T *kh = kb + (size_t)h * dim;
             float *sh = scores + (size_t)h * rep * stride + (b0 - t0);
             const PD_T *qh = q + (size_t)h * rep * dim;
@@ -139,19 +142,20 @@ static void PD_SEG(const PD_T *q, const PD_T *k_cache, const PD_T *v_cache,
                                                         kh + (size_t)i * row, dim, scale);
         }
     }
-    for (int j = 0; j < heads; j++) {
+    for (int j = j0; j < j1; j++) {
         float *sj = scores + (size_t)j * stride, top = sj[0];
         for (int t = 1; t < len; t++) top = sj[t] > top ? sj[t] : top;
         mx[j] = top;
         sm[j] = exp_shifted(sj, len, top);
     }
-    memset(acc, 0, sizeof(float) * (size_t)heads * dim);
+    memset(acc + (size_t)j0 * dim, 0, sizeof(float) * (size_t)(j1 - j0) * dim);
     float vals[PD_KEYS][MAX_DIM]; /* bf16 values converted (float32 ones are read in place) */
     const float *vrows[PD_KEYS];
     for (int b0 = t0; b0 < t1; b0 += block_size) {
         const int n = t1 - b0 < block_size ? t1 - b0 : block_size;
-        const PD_T *vb = pd_block(v_cache, table, b0, t1, block_size, block_bytes);
-        for (int h = 0; h < kv_heads; h++)
+        const PD_T *vb = pd_block_heads(v_cache, table, b0, t1, block_size, row_bytes, head_at,
+                                      head_bytes);
+        for (int h = h0; h < h1; h++)
             for (int i0 = 0; i0 < n; i0 += PD_KEYS) {
                 const int w = n - i0 < PD_KEYS ? n - i0 : PD_KEYS;
                 for (int i = 0; i < w; i++)
@@ -248,6 +252,10 @@ int PD_NAME(const PD_T *q, const PD_T *k_cache, const PD_T *v_cache,
             seg_row[2 * u] = i;
             seg_row[2 * u + 1] = (u - seg_first[i]) * seg;
         }
+    /* Fewer stretches than twice the threads (short contexts, few rows): each is cut by KV
+     * heads too, for the threads to share (alone, one chat's attention ran on one thread). */
+    int hparts = n_seg ? (2 * threads + n_seg - 1) / n_seg : 1;
+    hparts = hparts < 1 ? 1 : hparts > kv_heads ? kv_heads : hparts;
     int failed = 0;
 #pragma omp parallel num_threads(threads)
     {
@@ -279,14 +287,16 @@ int PD_NAME(const PD_T *q, const PD_T *k_cache, const PD_T *v_cache,
                         scores, stride, out + (size_t)b * heads * dim);
             }
 #pragma omp for schedule(dynamic)
-        for (int u = 0; u < n_seg; u++) {
+        for (int unit = 0; unit < n_seg * hparts; unit++) {
             if (short_of_memory) continue;
+            const int u = unit / hparts, g = unit % hparts;
             const int b = singles[seg_row[2 * u]], t0 = seg_row[2 * u + 1];
             const int t1 = t0 + seg < seq_lens[b] ? t0 + seg : seq_lens[b];
             float *p = parts + (size_t)u * part;
             PD_SEG(q + (size_t)b * heads * dim, k_cache, v_cache, tables + (size_t)b * table_stride,
-                   t0, t1, heads, kv_heads, dim, block_size, scale, seg_qf, seg_scores, seg, p,
-                   p + heads, p + 2 * (size_t)heads);
+                   t0, t1, kv_heads * g / hparts, kv_heads * (g + 1) / hparts, heads, kv_heads,
+                   dim, block_size, scale, seg_qf, seg_scores, seg, p, p + heads,
+                   p + 2 * (size_t)heads);
         }
         /* (the loop's barrier: every stretch is done) */
 #pragma omp for schedule(static)
