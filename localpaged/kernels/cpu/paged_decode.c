@@ -156,6 +156,7 @@ static inline float as_f32(float v) { return v; }
  * across them (a prompt chunk's attention 1-6% faster than at 16 at a time, Zen 3). */
 #define PD_PV_KEYS 64
 #define PD_SEG_KEYS 128 /* keys of a decode row's stretch (PD_SEG), rounded up to blocks */
+#define PD_UNITS_PER_THREAD 8 /* decode rows' units (stretch x KV heads) wanted per thread */
 
 /* Asks for the `bytes` bytes from `p` to be brought into the cache (L2), a line at a time. */
 static inline void pd_prefetch_span(const void *p, size_t bytes) {

@@ -252,9 +252,10 @@ int PD_NAME(const PD_T *q, const PD_T *k_cache, const PD_T *v_cache,
             seg_row[2 * u] = i;
             seg_row[2 * u + 1] = (u - seg_first[i]) * seg;
         }
-    /* Fewer stretches than twice the threads (short contexts, few rows): each is cut by KV
-     * heads too, for the threads to share (alone, one chat's attention ran on one thread). */
-    int hparts = n_seg ? (2 * threads + n_seg - 1) / n_seg : 1;
+    /* Few stretches (short contexts, few rows): each is cut by KV heads too, into units
+     * enough for the threads to share evenly (alone, one chat's attention ran on one thread;
+     * five stretches on two threads left one waiting for the other's third). */
+    int hparts = n_seg ? (PD_UNITS_PER_THREAD * threads + n_seg - 1) / n_seg : 1;
     hparts = hparts < 1 ? 1 : hparts > kv_heads ? kv_heads : hparts;
     int failed = 0;
 #pragma omp parallel num_threads(threads)
