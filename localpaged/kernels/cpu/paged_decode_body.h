@@ -144,6 +144,7 @@ static void PD_SEG(const PD_T *q, const PD_T *k_cache, const PD_T *v_cache,
     }
     for (int j = j0; j < j1; j++) {
         float *sj = scores + (size_t)j * stride, top = sj[0];
+#pragma omp simd reduction(max : top)
         for (int t = 1; t < len; t++) top = sj[t] > top ? sj[t] : top;
         mx[j] = top;
         sm[j] = exp_shifted(sj, len, top);
