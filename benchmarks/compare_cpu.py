@@ -669,7 +669,8 @@ def print_table(results: dict[str, dict | str]) -> None:
                 row += f"{ratio:>21.2f}x"
             print(row)
         print("\nsingle-stream decode's share of the bandwidth roofline (decode tok/s x bytes "
-              "per token / the triad read just before the run), median of runs:")
+              "per token / the higher of the triads read at the start and just before the "
+              "run), median of runs:")
         for n in names:
             share, gbs = results[n].get("roofline_share"), results[n].get("bandwidth_gbs")
             if share is not None:
@@ -785,16 +786,19 @@ def main() -> None:
             if name in results or len(runs) >= args.repeats:
                 continue
             # The bandwidth again just before each run: this machine's swings in phases of
-            # minutes, and the decode is the run's first workload (its roofline share is
-            # taken against this reading, the top line's is only the run's start).
+            # minutes, and the decode is the run's first workload. Its roofline share is taken
+            # against the higher of this reading and the top line's: a reading caught in a
+            # moment's dip (16 GB/s between two of 27, then a decode moving 21.5 GB/s) would
+            # put the share above 1.
             now_gbs = memory_bandwidth_gbs(repeats=3)
             r = spawn(name, models, args.quick, scale, vocab, args.timeout)
             if not isinstance(r, dict):
                 results[name] = r  # not installed or failed: reported, not retried
                 continue
             if "decode_tok_s" in r:
-                r["bandwidth_gbs"] = now_gbs
-                r["roofline_share"] = r["decode_tok_s"] * facts["bytes"] / 1e9 / now_gbs
+                r["bandwidth_gbs"] = max(now_gbs, bandwidth)
+                r["roofline_share"] = r["decode_tok_s"] * facts["bytes"] / 1e9 / max(now_gbs,
+                                                                                  bandwidth)
             runs.append(r)
             Path(runs_file).write_text(json.dumps(saved))
             print(f"  {name} run {len(runs)}: " + ", ".join(
