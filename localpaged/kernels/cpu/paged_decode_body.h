@@ -93,11 +93,11 @@ static void PD_ROWS(const PD_T *q, const PD_T *k_cache, const PD_T *v_cache,
  * block_size), for the KV heads [h0, h1) and their query heads: the scores, softmax and values
  * of this stretch alone, for PD_MERGE: per query head j its largest score mx[j], the sum of
  * exponentials sm[j] and the unnormalized value sums acc [heads][dim] (those heads' entries
- * only; a head's are the same bits whichever heads go with it). The keys of a block are read token by token with all their heads
- * side by side, as they lie (a head's rows alone are a cache row apart: SmolLM2-1.7B's 32 heads
- * put each 128-byte key of a head 4 KiB after the last, where the prefetchers do not follow),
- * and the next block is fetched while one is scored. Scratch: qf [heads][dim], scores
- * [heads][stride] (stride >= t1 - t0). */
+ * only; a head's are the same bits whichever heads go with it). The keys of a block are read
+ * token by token with those heads side by side, as they lie (a head's rows alone are a cache
+ * row apart: SmolLM2-1.7B's 32 heads put each 128-byte key of a head 4 KiB after the last,
+ * where the prefetchers do not follow), and the next block's part is fetched while one is
+ * scored. Scratch: qf [heads][dim], scores [heads][stride] (stride >= t1 - t0). */
 static void PD_SEG(const PD_T *q, const PD_T *k_cache, const PD_T *v_cache,
                    const int32_t *table, int t0, int t1, int h0, int h1, int heads, int kv_heads,
                    int dim, int block_size, float scale, float *qf, float *scores, int stride,
