@@ -168,26 +168,19 @@ static inline void pd_prefetch_span(const void *p, size_t bytes) {
 }
 
 /* The block of `cache` holding key b0 of a context read up to t1, the next block (if any)
- * asked for meanwhile; `block_bytes`: one block, every head. */
+ * asked for meanwhile: of each of its tokens' rows (`row_bytes`, every head) the `head_bytes`
+ * from `head_at` that the reader's heads take (the whole block where they are every head). */
 static inline const void *pd_block(const void *cache, const int32_t *table, int b0, int t1,
-                                   int block_size, size_t block_bytes) {
-    if (b0 + block_size < t1)
-        pd_prefetch_span((const char *)cache + (size_t)table[b0 / block_size + 1] * block_bytes,
-                         block_bytes);
-    return (const char *)cache + (size_t)table[b0 / block_size] * block_bytes;
-}
-
-/* pd_block for a reader of some heads alone: of the next block, each token's `head_bytes`
- * from `head_at` (its heads' part of the row of `row_bytes`) are asked for. */
-static inline const void *pd_block_heads(const void *cache, const int32_t *table, int b0, int t1,
-                                         int block_size, size_t row_bytes, size_t head_at,
-                                         size_t head_bytes) {
+                                   int block_size, size_t row_bytes, size_t head_at,
+                                   size_t head_bytes) {
     const size_t block_bytes = (size_t)block_size * row_bytes;
-    if (head_bytes == row_bytes) return pd_block(cache, table, b0, t1, block_size, block_bytes);
     if (b0 + block_size < t1) {
         const char *next = (const char *)cache + (size_t)table[b0 / block_size + 1] * block_bytes;
-        for (int t = 0; t < block_size; t++)
-            pd_prefetch_span(next + (size_t)t * row_bytes + head_at, head_bytes);
+        if (head_bytes == row_bytes)
+            pd_prefetch_span(next, block_bytes);
+        else
+            for (int t = 0; t < block_size; t++)
+                pd_prefetch_span(next + (size_t)t * row_bytes + head_at, head_bytes);
     }
     return (const char *)cache + (size_t)table[b0 / block_size] * block_bytes;
 }

@@ -110,8 +110,8 @@ static void PD_SEG(const PD_T *q, const PD_T *k_cache, const PD_T *v_cache,
         for (int d = 0; d < dim; d++) qf[(size_t)j * dim + d] = PD_LOAD(q[(size_t)j * dim + d]) * scale;
     for (int b0 = t0; b0 < t1; b0 += block_size) {
         const int n = t1 - b0 < block_size ? t1 - b0 : block_size;
-        const PD_T *kb = pd_block_heads(k_cache, table, b0, t1, block_size, row_bytes, head_at,
-                                      head_bytes);
+        const PD_T *kb = pd_block(k_cache, table, b0, t1, block_size, row_bytes, head_at,
+                                head_bytes);
         for (int h = h0; h < h1; h++) {
             const PD_T *kh = kb + (size_t)h * dim;
             float *sh = scores + (size_t)h * rep * stride + (b0 - t0);
@@ -154,8 +154,8 @@ static void PD_SEG(const PD_T *q, const PD_T *k_cache, const PD_T *v_cache,
     const float *vrows[PD_KEYS];
     for (int b0 = t0; b0 < t1; b0 += block_size) {
         const int n = t1 - b0 < block_size ? t1 - b0 : block_size;
-        const PD_T *vb = pd_block_heads(v_cache, table, b0, t1, block_size, row_bytes, head_at,
-                                      head_bytes);
+        const PD_T *vb = pd_block(v_cache, table, b0, t1, block_size, row_bytes, head_at,
+                                head_bytes);
         for (int h = h0; h < h1; h++)
             for (int i0 = 0; i0 < n; i0 += PD_KEYS) {
                 const int w = n - i0 < PD_KEYS ? n - i0 : PD_KEYS;
