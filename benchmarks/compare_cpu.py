@@ -797,8 +797,7 @@ def main() -> None:
                 continue
             if "decode_tok_s" in r:
                 r["bandwidth_gbs"] = max(now_gbs, bandwidth)
-                r["roofline_share"] = r["decode_tok_s"] * facts["bytes"] / 1e9 / max(now_gbs,
-                                                                                  bandwidth)
+                r["roofline_share"] = r["decode_tok_s"] * facts["bytes"] / 1e9 / r["bandwidth_gbs"]
             runs.append(r)
             Path(runs_file).write_text(json.dumps(saved))
             print(f"  {name} run {len(runs)}: " + ", ".join(

@@ -115,11 +115,11 @@ def test_prompt_chunk_rows_equal_plain_attention(heads, kv_heads, dim, bs, dtype
         torch.testing.assert_close(got.float(), ref, rtol=2e-2, atol=1e-2)  # bf16 output
     else:
         got = _kernel(q.float(), k_cache.float(), v_cache.float(), row_tables, row_lens,
-                          dim**-0.5)
+                      dim**-0.5)
         torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
     # The same bits however the kernel groups the rows (either build).
     wide, narrow = (_kernel(q.to(dtype), k_cache.to(dtype), v_cache.to(dtype), row_tables,
-                                row_lens, dim**-0.5, threads) for threads in (1, 8))
+                            row_lens, dim**-0.5, threads) for threads in (1, 8))
     assert torch.equal(wide, got) and torch.equal(narrow, got)
     # A row's result does not depend on the rows around it (bits, in either build).
     alone = [attention_cpu.paged_decode_attention_cpu(q[i:i + 1], k_cache, v_cache,
