@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -21,6 +22,9 @@ class EngineArgs:
     does not stall the chats that are streaming (see engine/step_bound.py): None (default)
     about 2 x what the decodes alone cost, learned as the engine runs, and at least 100 ms;
     0 no bound.
+    kv_cache_dtype: the KV cache's element type: "auto" (default) the model's, but float16 for a
+    float32 model on the CPU (see `LlamaForCausalLM.kv_cache_dtype`), or "float32", "bfloat16",
+    "float16" (tests pin a float32 model's cache to float32 to compare it exactly).
     """
 
     model: str
@@ -34,10 +38,13 @@ class EngineArgs:
     enable_prefix_caching: bool = True
     max_model_len: int | None = None
     max_step_ms: float | None = None
+    kv_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
-        if self.dtype not in _DTYPES:
-            raise ValueError(f"dtype={self.dtype!r} is invalid: expected one of {', '.join(_DTYPES)}")
+        for name in ("dtype", "kv_cache_dtype"):
+            if getattr(self, name) not in _DTYPES:
+                raise ValueError(f"{name}={getattr(self, name)!r} is invalid: expected one of "
+                                 f"{', '.join(_DTYPES)}")
         for name in ("max_num_batched_tokens", "max_num_seqs", "block_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -51,6 +58,12 @@ class EngineArgs:
         if self.max_step_ms is not None and not self.max_step_ms >= 0:
             raise ValueError(f"max_step_ms={self.max_step_ms} is invalid: expected >= 0 "
                              "(0: no bound; unset: automatic)")
+
+    def resolved_kv_cache_dtype(self, model: Any, device: torch.device) -> torch.dtype:
+        """The KV cache's element type for `model` on `device` (see kv_cache_dtype)."""
+        if self.kv_cache_dtype == "auto":
+            return model.kv_cache_dtype(device)
+        return getattr(torch, self.kv_cache_dtype)
 
     def resolved_device(self) -> str:
         if self.device:

@@ -71,7 +71,8 @@ class LLMEngine:
         self.optimizations = optimize_for_inference(model, self.device)
         if (note := describe_optimizations(self.optimizations)) is not None:
             print(f"localpaged: CPU fast paths: {note}", file=sys.stderr, flush=True)
-        per_block = model.kv_cache_bytes_per_block(args.block_size)
+        kv_dtype = args.resolved_kv_cache_dtype(model, self.device)
+        per_block = model.kv_cache_bytes_per_block(args.block_size, kv_dtype)
         num_blocks = args.num_kv_blocks or max(1, int(args.resolved_kv_cache_gb() * 2**30 // per_block))
         self.kv_bytes = num_blocks * per_block
         max_len = min(c.max_position_embeddings, args.max_model_len or c.max_position_embeddings)
@@ -86,11 +87,12 @@ class LLMEngine:
             bound)
         self.itl = InterTokenLatency()
         self.clock: Callable[[], float] = time.perf_counter  # tests give a fake one
-        self.runner = ModelRunner(model, num_blocks, args.block_size, self.device)
+        self.runner = ModelRunner(model, num_blocks, args.block_size, self.device, kv_dtype)
         from localpaged.engine.loading import memory_line, resident_bytes, weights_bytes
 
         self.weights_bytes = weights_bytes(model)
-        print(f"localpaged: {memory_line(self.weights_bytes, self.kv_bytes, num_blocks * args.block_size, resident_bytes() if self.device.type == 'cpu' else None)}",
+        kv_name = str(kv_dtype).removeprefix("torch.")
+        print(f"localpaged: {memory_line(self.weights_bytes, self.kv_bytes, num_blocks * args.block_size, resident_bytes() if self.device.type == 'cpu' else None, kv_name)}",
               file=sys.stderr, flush=True)
         self.info = info or ModelInfo(name=str(args.model))
         self.info.device, self.info.dtype = str(self.device), str(self.dtype).removeprefix("torch.")

@@ -109,15 +109,16 @@ def resident_bytes() -> int | None:
         return None
 
 
-def memory_line(weights: int, kv: int, kv_tokens: int, resident: int | None) -> str:
-    """What the loaded engine holds: weights, KV cache (and how many tokens it takes), and
-    the rest of the process's resident memory (torch, tokenizer, buffers). `resident` is
-    given on the CPU, where the KV pool's pages are taken as they are written: at load it
-    holds none of them."""
+def memory_line(weights: int, kv: int, kv_tokens: int, resident: int | None,
+                kv_dtype: str) -> str:
+    """What the loaded engine holds: weights, KV cache (its element type, and how many tokens
+    it takes), and the rest of the process's resident memory (torch, tokenizer, buffers).
+    `resident` is given on the CPU, where the KV pool's pages are taken as they are written:
+    at load it holds none of them."""
     gib = 2**30
     if resident is None:
         return (f"memory: weights {weights / gib:.2f} GiB, KV cache {kv / gib:.2f} GiB "
-                f"({kv_tokens} tokens)")
+                f"({kv_dtype}, {kv_tokens} tokens)")
     return (f"memory: weights {weights / gib:.2f} GiB, KV cache up to {kv / gib:.2f} GiB "
-            f"({kv_tokens} tokens, taken as used), other {max(0, resident - weights) / gib:.2f} "
-            f"GiB (process {resident / gib:.2f} GiB)")
+            f"({kv_dtype}, {kv_tokens} tokens, taken as used), other "
+            f"{max(0, resident - weights) / gib:.2f} GiB (process {resident / gib:.2f} GiB)")

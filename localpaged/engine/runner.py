@@ -18,11 +18,12 @@ from localpaged.kernels import AttentionMetadata
 class ModelRunner:
     """Runs `model` (see localpaged.model.llama) over flat batches."""
 
-    def __init__(self, model: Any, num_blocks: int, block_size: int, device: torch.device) -> None:
+    def __init__(self, model: Any, num_blocks: int, block_size: int, device: torch.device,
+                 kv_dtype: torch.dtype | None = None) -> None:
         self.model = model
         self.block_size = block_size
         self.device = device
-        self.kv_caches = model.allocate_kv_caches(num_blocks, block_size, device=device)
+        self.kv_caches = model.allocate_kv_caches(num_blocks, block_size, kv_dtype, device)
         self.generators: dict[str, torch.Generator] = {}
         self.grammar: Any = None  # a GrammarBackend, set by the engine for constrained requests
         self.matchers: dict[str, Any] = {}  # request id -> its grammar matcher

@@ -112,6 +112,14 @@ def _additive_mask(hidden: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         hidden, float("-inf"))
 
 
+def _widened(k: torch.Tensor, v: torch.Tensor, query: torch.Tensor,
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gathered keys and values in the query's type where the cache is narrower (a float32
+    model's float16 cache: attention computed in float32, as the C kernel does)."""
+    work = torch.promote_types(query.dtype, k.dtype)
+    return (k, v) if k.dtype == work else (k.to(work), v.to(work))
+
+
 def paged_attention_torch(
     query: torch.Tensor,
     k_cache: torch.Tensor,
@@ -150,6 +158,7 @@ def paged_attention_torch(
         blocks = meta.memo("attn.blocks", gather_blocks)
         k = k_cache.index_select(0, blocks).view(b, ctx, num_kv_heads, head_dim).transpose(1, 2)
         v = v_cache.index_select(0, blocks).view(b, ctx, num_kv_heads, head_dim).transpose(1, 2)
+    k, v = _widened(k, v, query)
     dev = query.device
 
     if meta.is_decode_only:
@@ -261,6 +270,7 @@ def paged_attention_windowed_torch(
     blocks, ctx, seq_idx, row_in_seq, mask = meta.memo(f"attn.window.{window}", layout)
     k = k_cache.index_select(0, blocks).view(b, ctx, num_kv_heads, head_dim).transpose(1, 2)
     v = v_cache.index_select(0, blocks).view(b, ctx, num_kv_heads, head_dim).transpose(1, 2)
+    k, v = _widened(k, v, query)
     q = query.new_zeros(b, lq, num_heads, head_dim)
     q[seq_idx, row_in_seq] = query
     out = F.scaled_dot_product_attention(

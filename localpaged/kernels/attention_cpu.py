@@ -1,6 +1,8 @@
 """Decode attention on the CPU with the package's C kernel (`cpu/paged_decode.c`), which reads
 each request's KV blocks in place: no gathered copy of the contexts, no padding mask. Used for
-bf16 decode steps when the kernel builds here; everything else takes the torch path."""
+decode steps of a bf16 query over a bf16 cache, or a float32 query over a float16 cache (a
+float32 model's, see `LlamaForCausalLM.kv_cache_dtype`), when the kernel builds here;
+everything else takes the torch path."""
 
 from __future__ import annotations
 
@@ -9,13 +11,17 @@ import torch
 from localpaged.kernels import native
 
 MAX_QUERY_HEADS_PER_KV_HEAD, MAX_HEAD_DIM = 16, 256  # the kernel's scratch sizes
+# (query and output, cache) types -> the kernel's build for them
+_BUILDS = {(torch.bfloat16, torch.bfloat16): "paged_decode_bf16",
+           (torch.float32, torch.float16): "paged_decode_f32h"}
 
 
 def supports(query: torch.Tensor, k_cache: torch.Tensor) -> bool:
-    """Whether this decode step can run on the kernel (bf16 CPU tensors, shapes in bounds)."""
+    """Whether this decode step can run on the kernel (CPU tensors of one of its builds' types,
+    shapes in bounds)."""
     heads, dim = query.shape[1], query.shape[2]
     kv_heads = k_cache.shape[2]
-    return (query.device.type == "cpu" and query.dtype == k_cache.dtype == torch.bfloat16
+    return (query.device.type == "cpu" and (query.dtype, k_cache.dtype) in _BUILDS
             and heads % kv_heads == 0 and heads // kv_heads <= MAX_QUERY_HEADS_PER_KV_HEAD
             and dim <= MAX_HEAD_DIM and k_cache.is_contiguous() and native.available())
 
@@ -41,7 +47,7 @@ def paged_decode_attention_cpu(
         lens = lens.to(torch.int32).contiguous()
     batch, heads, dim = q.shape
     out = torch.empty_like(q)
-    rc = lib.paged_decode_bf16(
+    rc = getattr(lib, _BUILDS[q.dtype, k_cache.dtype])(
         q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), tables.shape[1],
         lens.data_ptr(), out.data_ptr(), batch, heads, k_cache.shape[2], dim, k_cache.shape[1],
         scale, torch.get_num_threads())

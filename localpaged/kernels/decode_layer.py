@@ -46,7 +46,8 @@ class _Step(ctypes.Structure):
         "batch", "hidden", "heads", "kv_heads", "head_dim", "intermediate", "block_size",
         "table_stride", "threads")] + [
         ("eps", ctypes.c_float), ("scale", ctypes.c_float), ("slots", ctypes.c_void_p),
-        ("tables", ctypes.c_void_p), ("seq_lens", ctypes.c_void_p), ("cos_sin", ctypes.c_void_p)]
+        ("tables", ctypes.c_void_p), ("seq_lens", ctypes.c_void_p), ("cos_sin", ctypes.c_void_p),
+        ("kv_half", ctypes.c_int)]
 
 
 def _int8_blocks(linear: Any, dtype: torch.dtype) -> _W4 | None:
@@ -206,9 +207,12 @@ class CpuDecodePlan:
             kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata,
             ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(output, residual) of the last layer for a decode-only step, or None when the
-        caches are not in the form the kernel reads (the model's dtype, contiguous)."""
+        caches are not in the form the kernel reads (contiguous, in the model's dtype or, under
+        float32, float16)."""
         k0 = kv_caches[0][0]
-        if k0.dtype != self.dtype or not k0.is_contiguous() or hidden.device.type != "cpu":
+        half = k0.dtype == torch.float16 and self.dtype == torch.float32
+        if ((k0.dtype != self.dtype and not half) or not k0.is_contiguous()
+                or hidden.device.type != "cpu"):
             return None
         x = hidden.to(self.dtype).contiguous().clone()
         residual = torch.empty_like(x)
@@ -219,7 +223,7 @@ class CpuDecodePlan:
         step = _Step(batch=x.shape[0], block_size=k0.shape[1], table_stride=tables.shape[1],
                      threads=torch.get_num_threads(), eps=self.eps, scale=self.scale,
                      slots=slots.data_ptr(), tables=tables.data_ptr(), seq_lens=lens.data_ptr(),
-                     cos_sin=rows.data_ptr(), **self.shape)
+                     cos_sin=rows.data_ptr(), kv_half=int(half), **self.shape)
         step_ref, x_ptr, r_ptr = ctypes.byref(step), x.data_ptr(), residual.data_ptr()
         for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches, strict=True)):
             layer.k_cache, layer.v_cache = k_cache.data_ptr(), v_cache.data_ptr()

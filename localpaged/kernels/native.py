@@ -70,6 +70,7 @@ SIGNATURES: dict[str, tuple[list[type], type | None]] = {
     "moe_rows_bf16": ([_P] * 4 + [_I, _P, _P] + [_I] * 4, _I),
     "moe_rows_f32": ([_P] * 4 + [_I, _P, _P] + [_I] * 4, _I),
     "paged_decode_f32": ([_P] * 4 + [_I, _P, _P] + [_I] * 5 + [_F, _I], _I),
+    "paged_decode_f32h": ([_P] * 4 + [_I, _P, _P] + [_I] * 5 + [_F, _I], _I),
     "decode_layer_f32": ([_P] * 4 + [_I], _I),
     "rms_norm_rows_bf16": ([_P] * 5 + [_I] * 2 + [_F, _I], None),
     "silu_and_mul_rows_bf16": ([_P] * 2 + [_I] * 3, None),

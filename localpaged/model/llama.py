@@ -24,6 +24,7 @@ from localpaged.kernels import (
     write_kv,
 )
 from localpaged.kernels.attention import select_requests, token_rows
+from localpaged.kernels.backend import use_triton_on
 from localpaged.model.config import ModelConfig
 from localpaged.model.rope import build_cos_sin, table_offset
 
@@ -369,9 +370,19 @@ class LlamaForCausalLM(nn.Module):
         """Shape of one layer's K (or V) cache."""
         return (num_blocks, block_size, self.config.num_kv_heads, self.config.head_dim)
 
+    def kv_cache_dtype(self, device: torch.device | str | None = None) -> torch.dtype:
+        """The KV cache's element type: the model's, but float16 for a float32 model on the
+        CPU (half the memory a context keeps and a decode step reads, as llama.cpp's default
+        cache; attention still computes in float32 over the exactly widened values). The
+        Triton kernels (GPU, or the CPU interpreter) keep the model's type."""
+        dev = torch.device(device or self.cos_sin.device)
+        if self.dtype == torch.float32 and dev.type == "cpu" and not use_triton_on(dev):
+            return torch.float16
+        return self.dtype
+
     def kv_cache_bytes_per_block(self, block_size: int, dtype: torch.dtype | None = None) -> int:
         """Bytes one block takes over all layers, K and V."""
-        c, dt = self.config, dtype or self.dtype
+        c, dt = self.config, dtype or self.kv_cache_dtype()
         per_layer = 2 * block_size * c.num_kv_heads * c.head_dim * dt.itemsize
         return per_layer * c.num_layers
 
@@ -382,12 +393,14 @@ class LlamaForCausalLM(nn.Module):
         dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
     ) -> list[KVCache]:
-        """Zeroed (K, V) caches for every layer, in the model's dtype and device by default.
+        """Zeroed (K, V) caches for every layer, of `kv_cache_dtype` on the model's device by
+        default.
 
         On the CPU they lie in one anonymous memory map: the OS hands out its zeroed pages as
         they are first written, so a pool sized for many chats takes memory as it is used."""
         shape = self.kv_cache_shape(num_blocks, block_size)
-        dt, dev = dtype or self.dtype, torch.device(device or self.cos_sin.device)
+        dev = torch.device(device or self.cos_sin.device)
+        dt = dtype or self.kv_cache_dtype(dev)
         layers = self.config.num_layers
         if dev.type == "cpu":
             pool = zeroed_on_demand((layers, 2, *shape), dt)

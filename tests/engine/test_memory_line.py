@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from localpaged.engine.config import EngineArgs
 from localpaged.engine.engine import LLMEngine
@@ -22,10 +23,15 @@ def test_the_engine_says_what_it_holds(tiny_llama: Path, capsys: pytest.CaptureF
     assert engine.weights_bytes == weights_bytes(model)
     tokens = engine.kv_bytes // model.kv_cache_bytes_per_block(engine.args.block_size) \
         * engine.args.block_size
-    assert f"KV cache up to 0.01 GiB ({tokens} tokens, taken as used)" in err
-    assert memory_line(engine.weights_bytes, engine.kv_bytes, tokens, None) == (
+    # a float32 model on the CPU keeps a float16 cache: the pool holds twice the tokens
+    assert engine.runner.kv_caches[0][0].dtype == torch.float16
+    c = model.config
+    assert model.kv_cache_bytes_per_block(16) == 2 * 16 * c.num_kv_heads * c.head_dim * 2 \
+        * c.num_layers
+    assert f"KV cache up to 0.01 GiB (float16, {tokens} tokens, taken as used)" in err
+    assert memory_line(engine.weights_bytes, engine.kv_bytes, tokens, None, "float16") == (
         f"memory: weights {engine.weights_bytes / 2**30:.2f} GiB, KV cache 0.01 GiB "
-        f"({tokens} tokens)")
+        f"(float16, {tokens} tokens)")
     assert resident_bytes() is None or resident_bytes() > engine.weights_bytes
 
 
@@ -61,8 +67,6 @@ def test_the_cpu_kv_pool_is_sized_from_available_memory(monkeypatch: pytest.Monk
 
 
 def test_a_tied_storage_counts_once() -> None:
-    import torch
-
     linear = torch.nn.Linear(8, 16, bias=False)
     model = torch.nn.Sequential(linear, torch.nn.Linear(8, 16, bias=False))
     model[1].weight = linear.weight  # tied

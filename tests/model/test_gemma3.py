@@ -136,7 +136,7 @@ def test_engine_equals_transformers_cold_and_cached(tiny_gemma3: Path, reference
     prefix cache: transformers' tokens and log-probabilities. Without the window the engine
     would not match: the window is exercised."""
     batch, tokens, logprobs = reference
-    llm = LLM(str(tiny_gemma3), dtype="float32", block_size=16, max_num_batched_tokens=32)
+    llm = LLM(str(tiny_gemma3), dtype="float32", kv_cache_dtype="float32", block_size=16, max_num_batched_tokens=32)
     assert llm.engine.model.cpu_decode is None
     for _ in range(2):
         _check(llm.generate([{"prompt_token_ids": p} for p in batch], GREEDY), tokens, logprobs)
@@ -153,7 +153,7 @@ def test_a_gemma3_gguf_gives_transformers_tokens(tmp_path: Path) -> None:
     batch = prompts(8)
     tokens, logprobs = hf_greedy(folder, batch)
     path = write_gemma3_gguf(folder, tmp_path / "gemma3.gguf")
-    llm = LLM(str(path), dtype="float32", block_size=16, max_num_batched_tokens=32)
+    llm = LLM(str(path), dtype="float32", kv_cache_dtype="float32", block_size=16, max_num_batched_tokens=32)
     for _ in range(2):  # the second time from the prefix cache
         _check(llm.generate([{"prompt_token_ids": p} for p in batch], GREEDY), tokens, logprobs)
     assert llm.engine.stats().prefix_cache_hits > 0
@@ -190,7 +190,7 @@ def test_q8_0_gguf_on_each_cpu_kernel_build(q8_case: tuple, cpu_variant: str) ->
     from localpaged.quant.q8_linear import Q8Linear
 
     path, batch, ref_tokens, ref_logprobs = q8_case
-    llm = LLM(str(path), dtype="float32", block_size=16, max_num_batched_tokens=32)
+    llm = LLM(str(path), dtype="float32", kv_cache_dtype="float32", block_size=16, max_num_batched_tokens=32)
     model = llm.engine.model
     int8 = cpu_w4.available() and cpu_w4.int8_activations()
     # the other builds take the file's values dequantized to float32
@@ -225,7 +225,7 @@ def test_triton_kernels_equal_transformers(tiny_gemma3: Path, reference: tuple,
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     batch, tokens, logprobs = reference
     pick = [1, 5]  # 5 and 33 tokens
-    llm = LLM(str(tiny_gemma3), dtype="float32", block_size=16, max_num_batched_tokens=24)
+    llm = LLM(str(tiny_gemma3), dtype="float32", kv_cache_dtype="float32", block_size=16, max_num_batched_tokens=24)
     params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True, logprobs=1)
     for _ in range(2):
         outs = llm.generate([{"prompt_token_ids": batch[i]} for i in pick], params)

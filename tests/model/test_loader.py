@@ -59,7 +59,7 @@ def _save(cfg: LlamaConfig, path: Path, dtype: torch.dtype = torch.float32) -> P
 
 def _logits(model, ids: list[int], step_builder) -> torch.Tensor:
     n_blocks = -(-len(ids) // BLOCK)
-    caches = model.allocate_kv_caches(n_blocks + 1, BLOCK)
+    caches = model.allocate_kv_caches(n_blocks + 1, BLOCK, dtype=model.dtype)
     positions, meta = step_builder([(list(range(n_blocks, 0, -1)), 0, len(ids))], BLOCK)
     return model.compute_logits(model(torch.tensor(ids), positions, caches, meta))
 

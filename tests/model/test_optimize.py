@@ -22,7 +22,7 @@ def _hidden(model, ids: list[int]) -> torch.Tensor:
     """Hidden states of one prompt run as a single prefill."""
     n = len(ids)
     blocks = -(-n // 16)
-    caches = model.allocate_kv_caches(num_blocks=blocks, block_size=16)
+    caches = model.allocate_kv_caches(num_blocks=blocks, block_size=16, dtype=model.dtype)
     meta = AttentionMetadata(
         slot_mapping=torch.arange(n), block_tables=torch.arange(blocks).view(1, -1).int(),
         seq_lens=torch.tensor([n], dtype=torch.int32),

@@ -190,7 +190,7 @@ def test_chunked_prefill_and_decode_equal_transformers(tiny: Path, n: int, step_
     ids = _ids(n, 7)
     off = model.rope_offset(n - 4)  # the prompt: all but the 4 decoded tokens
     table = [9, 2, 7, 0, 4][: -(-n // 16)]
-    caches = model.allocate_kv_caches(num_blocks=10, block_size=16)
+    caches = model.allocate_kv_caches(num_blocks=10, block_size=16, dtype=model.dtype)
     got = []
     for start, end in ((0, 13), (13, n - 4), *((p, p + 1) for p in range(n - 4, n))):
         positions, meta = step_builder([(table, start, end - start)], 16)
@@ -207,7 +207,7 @@ def test_engine_equals_transformers_short_and_long_cold_and_cached(tiny: Path,
     """Short and long prompts in one batch (chunked prefill, decodes beside prompt chunks):
     transformers' tokens and log-probabilities, then again from the prefix cache."""
     batch, ref_tokens, ref_logprobs = reference
-    llm = LLM(str(tiny), dtype="float32", max_num_batched_tokens=32, block_size=16)
+    llm = LLM(str(tiny), dtype="float32", kv_cache_dtype="float32", max_num_batched_tokens=32, block_size=16)
     for _ in range(2):
         _check(llm.generate([{"prompt_token_ids": p} for p in batch], GREEDY), ref_tokens,
                ref_logprobs)
@@ -221,7 +221,7 @@ def test_long_prompts_never_reuse_blocks_computed_with_short_factors(tiny_phi4: 
     short = _ids(23, 3)
     long1, long2 = short + _ids(17, 4), short + _ids(18, 5)
     ref_tokens, ref_logprobs = hf_greedy(tiny_phi4, [short, long1, long2])
-    llm = LLM(str(tiny_phi4), dtype="float32", block_size=16)
+    llm = LLM(str(tiny_phi4), dtype="float32", kv_cache_dtype="float32", block_size=16)
     outs = [llm.generate({"prompt_token_ids": p}, GREEDY)[0] for p in (short, long1, long2)]
     _check(outs, ref_tokens, ref_logprobs)
     assert [o.num_cached_tokens for o in outs] == [0, 0, 16]
@@ -249,7 +249,7 @@ def test_q4_gguf_on_the_cpu_kernels_equals_transformers(fixture: str, tmp_path: 
     batch = [_ids(n, n) for n in (5, 23, 40)]
     ref_tokens, ref_logprobs = hf_greedy(_dequantized_copy(folder, tmp_path / "hf", "Q4_0"),
                                          batch)
-    llm = LLM(str(path), dtype="float32", max_num_batched_tokens=32, block_size=16)
+    llm = LLM(str(path), dtype="float32", kv_cache_dtype="float32", max_num_batched_tokens=32, block_size=16)
     model = llm.engine.model
     assert isinstance(model.model.layers[0].self_attn.qkv_proj, QuantLinear)
     assert model.model.layers[0].self_attn.qkv_proj.w4_packed is not None
@@ -301,7 +301,7 @@ def test_awq_and_gptq_checkpoints_load_into_the_fused_layers(tiny_phi4: Path, me
     model, _ = load_model(folder, dtype="float32")
     assert isinstance(model.model.layers[1].mlp.gate_up_proj, QuantLinear)
     ids = _ids(40, 9)
-    caches = model.allocate_kv_caches(num_blocks=3, block_size=16)
+    caches = model.allocate_kv_caches(num_blocks=3, block_size=16, dtype=model.dtype)
     positions, meta = step_builder([([2, 0, 1], 0, len(ids))], 16)
     hidden = model(torch.tensor(ids), positions + model.rope_offset(len(ids)), caches, meta)
     torch.testing.assert_close(model.compute_logits(hidden),
@@ -313,7 +313,7 @@ def test_f32_gguf_equals_transformers(tiny: Path, tmp_path: Path, reference: tup
     transformers' tokens and log-probabilities, cold and prefix-cached."""
     path = write_phi3_gguf(tiny, tmp_path / "phi3.gguf")
     batch, ref_tokens, ref_logprobs = reference
-    llm = LLM(str(path), dtype="float32", max_num_batched_tokens=32, block_size=16)
+    llm = LLM(str(path), dtype="float32", kv_cache_dtype="float32", max_num_batched_tokens=32, block_size=16)
     ours, theirs = llm.engine.model_config, ModelConfig.from_pretrained(tiny)
     assert (ours.head_dim, ours.rotary_dim, ours.tie_word_embeddings) == (
         theirs.head_dim, theirs.rotary_dim, theirs.tie_word_embeddings)

@@ -24,7 +24,7 @@ def test_smollm_logits_match_hf(smollm_hf_dir: Path, step_builder, hf_logits) ->
     assert config.tie_word_embeddings and config.num_layers == 30
     block = 16
     table = list(range(-(-len(ids) // block) + 2, 0, -1))
-    caches = model.allocate_kv_caches(len(table) + 1, block)
+    caches = model.allocate_kv_caches(len(table) + 1, block, dtype=model.dtype)
     cut = 21
     got = []
     for start, end in ((0, cut), (cut, len(ids))):
@@ -45,7 +45,7 @@ def test_smollm_gguf_loads_like_hf(smollm_gguf: Path, smollm_hf_dir: Path, step_
     model, config = load_model(smollm_gguf, dtype="float32")
     assert config.architecture == "LlamaForCausalLM" and config.tie_word_embeddings
     ids = Tokenizer.from_pretrained(smollm_hf_dir).encode("The capital of France is")
-    caches = model.allocate_kv_caches(2, 16)
+    caches = model.allocate_kv_caches(2, 16, dtype=model.dtype)
     positions, meta = step_builder([([1], 0, len(ids))], 16)
     got = model.compute_logits(model(torch.tensor(ids), positions, caches, meta))
     torch.testing.assert_close(got, hf_logits(smollm_hf_dir, ids), atol=2e-4, rtol=1e-4)

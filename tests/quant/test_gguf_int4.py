@@ -16,7 +16,7 @@ from localpaged.quant.linear import QuantLinear
 
 def _logits(model, ids: list[int]) -> torch.Tensor:
     n = len(ids)
-    caches = model.allocate_kv_caches(num_blocks=-(-n // 16), block_size=16)
+    caches = model.allocate_kv_caches(num_blocks=-(-n // 16), block_size=16, dtype=model.dtype)
     meta = AttentionMetadata(
         slot_mapping=torch.arange(n), block_tables=torch.arange(-(-n // 16)).view(1, -1).int(),
         seq_lens=torch.tensor([n], dtype=torch.int32),

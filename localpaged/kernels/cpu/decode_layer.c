@@ -4,12 +4,15 @@
  * (paged_decode.c). A decode step of a small model is otherwise dominated by the fixed cost of
  * some sixty small torch ops per layer; here they are loops over a few KiB.
  *
- * Built per activation type (bf16, float32: the model's dtype, which is also its KV cache's):
- * decode_layer_body.h is included once for each. Rounding follows the torch path: tensors of
+ * Built per activation type (bf16, float32: the model's dtype; the KV cache holds it too, or
+ * float16 under float32): decode_layer_body.h is included once for each. Rounding follows the torch path: tensors of
  * the model's dtype between ops, float32 inside each op.
  */
 /* Built as part of all.c, after quant_gemm.c and paged_decode.c. */
 #include <math.h>
+#if defined(__F16C__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 struct w4_layer {
     const uint8_t *packed;
@@ -38,7 +41,8 @@ struct decode_layer {
     const void *input_norm, *post_norm; /* [hidden], the model's dtype */
     struct w4_layer qkv, o, gate_up, down; /* gate_up all NULL: no MLP (the layer stops at
                                             * the MLP's normed input, left in x) */
-    void *k_cache, *v_cache; /* [blocks][block_size][kv_heads][head_dim], the model's dtype */
+    void *k_cache, *v_cache; /* [blocks][block_size][kv_heads][head_dim], the model's dtype
+                              * (float16 under a float32 model where the step says kv_half) */
     const void *q_norm, *k_norm; /* [head_dim] RMSNorm weights of each q and k head before
                                   * rotary (Qwen3), the model's dtype; NULL: none */
 };
@@ -51,10 +55,53 @@ struct decode_step {
     const int32_t *tables;  /* [batch][table_stride] */
     const int32_t *seq_lens;
     const float *cos_sin;   /* [batch][head_dim]: cos of each rotary pair, then sin */
+    int kv_half;            /* float32 models: the KV cache holds float16 (else float32) */
 };
 
 static inline float round_bf16(float v) { return bf16_to_f32(f32_to_bf16(v)); }
 static inline float same_f32(float v) { return v; }
+
+/* A new token's keys (or values), n elements, into its cache slot `at` (in elements): as they
+ * are, or rounded to float16 (to nearest even, as torch's `.to(torch.float16)`). */
+static void store_kv_bf16(void *cache, size_t at, const uint16_t *src, int n, int half) {
+    (void)half; /* bf16 models keep a bf16 cache */
+    memcpy((uint16_t *)cache + at, src, sizeof(uint16_t) * n);
+}
+
+static void store_kv_f32(void *cache, size_t at, const float *src, int n, int half) {
+    if (!half) {
+        memcpy((float *)cache + at, src, sizeof(float) * n);
+        return;
+    }
+    uint16_t *dst = (uint16_t *)cache + at;
+    int i = 0;
+#if defined(__F16C__) || defined(__AVX512F__)
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(dst + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i),
+                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#endif
+    for (; i < n; i++) dst[i] = f32_to_f16(src[i]);
+}
+
+/* The step's attention over the paged cache (see paged_decode.c) for the cache's type. */
+static int attend_bf16(const struct decode_step *s, const uint16_t *q, const void *k_cache,
+                       const void *v_cache, uint16_t *out) {
+    return paged_decode_bf16(q, k_cache, v_cache, s->tables, s->table_stride, s->seq_lens, out,
+                             s->batch, s->heads, s->kv_heads, s->head_dim, s->block_size, s->scale,
+                             s->threads);
+}
+
+static int attend_f32(const struct decode_step *s, const float *q, const void *k_cache,
+                      const void *v_cache, float *out) {
+    if (s->kv_half)
+        return paged_decode_f32h(q, k_cache, v_cache, s->tables, s->table_stride, s->seq_lens, out,
+                                 s->batch, s->heads, s->kv_heads, s->head_dim, s->block_size,
+                                 s->scale, s->threads);
+    return paged_decode_f32(q, k_cache, v_cache, s->tables, s->table_stride, s->seq_lens, out,
+                            s->batch, s->heads, s->kv_heads, s->head_dim, s->block_size, s->scale,
+                            s->threads);
+}
 
 static int q8_linear_f32(const struct w4_layer *w, const float *x, float *y, int rows,
                          int threads) {

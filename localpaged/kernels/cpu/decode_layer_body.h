@@ -180,7 +180,6 @@ int DL_FN(decode_layer)(const struct decode_step *s, const struct decode_layer *
     DL_T *narrow = malloc(sizeof(DL_T) * (size_t)b *
                           (size_t)(nq > s->intermediate ? nq : s->intermediate));
     DL_T *q = malloc(sizeof(DL_T) * (size_t)b * nq);
-    DL_T *k_cache = l->k_cache, *v_cache = l->v_cache;
     int rc = -1;
     if (normed == NULL || wide == NULL || narrow == NULL || q == NULL) goto done;
 
@@ -199,13 +198,10 @@ int DL_FN(decode_layer)(const struct decode_step *s, const struct decode_layer *
         DL_FN(rotate)(qkv, s->heads, hd, cs);
         DL_FN(rotate)(qkv + nq, s->kv_heads, hd, cs);
         memcpy(q + (size_t)m * nq, qkv, sizeof(DL_T) * nq);
-        memcpy(k_cache + (size_t)s->slots[m] * row, qkv + nq, sizeof(DL_T) * nkv);
-        memcpy(v_cache + (size_t)s->slots[m] * row, qkv + nq + nkv, sizeof(DL_T) * nkv);
+        DL_FN(store_kv)(l->k_cache, (size_t)s->slots[m] * row, qkv + nq, nkv, s->kv_half);
+        DL_FN(store_kv)(l->v_cache, (size_t)s->slots[m] * row, qkv + nq + nkv, nkv, s->kv_half);
     }
-    if ((rc = DL_FN(paged_decode)(q, k_cache, v_cache, s->tables, s->table_stride, s->seq_lens,
-                                  narrow, b, s->heads, s->kv_heads, hd, s->block_size, s->scale,
-                                  s->threads)))
-        goto done;
+    if ((rc = DL_FN(attend)(s, q, l->k_cache, l->v_cache, narrow))) goto done;
     if ((rc = DL_FN(linear)(&l->o, narrow, x, b, s->threads))) goto done;
 
     DL_FN(add_rms_norm)(x, residual, residual, l->post_norm, normed, b, s->hidden, s->eps,

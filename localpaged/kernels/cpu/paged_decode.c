@@ -143,6 +143,16 @@ static inline float dot_scaled_f32(const float *qf, const float *qb, const float
     return s;
 }
 
+static inline float dot_scaled_f16(const float *qf, const float *qb, const uint16_t *kp, int dim,
+                                   float scale) {
+    (void)qb;
+    (void)scale;
+    float s = 0.f;
+#pragma omp simd reduction(+ : s)
+    for (int d = 0; d < dim; d++) s += qf[d] * f16_to_f32(kp[d]);
+    return s;
+}
+
 static inline float as_f32(float v) { return v; }
 
 #define MAX_REP 16  /* query heads per KV head */
@@ -212,7 +222,7 @@ static inline void pd_prefetch_head(const void *cache, const int32_t *table, int
 }
 
 #if defined(__AVX512F__) || defined(__AVX2__)
-#define PD_DOT8 1
+#define PD_HAVE_DOT8 1
 /* The sums of eight vectors' lanes, as one vector: a tree of horizontal adds
  * ([a0 a1 a2 a3 | a4 a5 a6 a7] halves summed, then the two 128-bit lanes). */
 static inline __m256 pd_sum8(const __m256 *a) {
@@ -260,6 +270,46 @@ static inline __m256 pd_dot8(const float *q, const float *k, size_t k_stride, in
     }
     return pd_sum8(a);
 }
+
+/* Eight float16 elements as float32 (F16C's VCVTPH2PS where the build has it). */
+static inline __m256 pd_f16x8(const uint16_t *p) {
+#if defined(__F16C__) || defined(__AVX512F__)
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+#else
+    float f[8];
+    for (int i = 0; i < 8; i++) f[i] = f16_to_f32(p[i]);
+    return _mm256_loadu_ps(f);
+#endif
+}
+
+/* pd_dot8 for float16 keys (a float16 cache under a float32 model): the same sums of the same
+ * products, each key element widened exactly first. */
+static inline __m256 pd_dot8_f16(const float *q, const uint16_t *k, size_t k_stride, int dim) {
+#if defined(__AVX512F__)
+    if (dim % 16 == 0) {
+        __m512 w[8];
+        for (int i = 0; i < 8; i++) w[i] = _mm512_setzero_ps();
+        for (int d = 0; d < dim; d += 16) {
+            const __m512 qv = _mm512_loadu_ps(q + d);
+#pragma GCC unroll 8
+            for (int i = 0; i < 8; i++)
+                w[i] = _mm512_fmadd_ps(
+                    qv, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(k + i * k_stride + d))),
+                    w[i]);
+        }
+        return pd_sum8_512(w);
+    }
+#endif
+    __m256 a[8];
+    for (int i = 0; i < 8; i++) a[i] = _mm256_setzero_ps();
+    for (int d = 0; d < dim; d += 8) {
+        const __m256 qv = _mm256_loadu_ps(q + d);
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++)
+            a[i] = _mm256_fmadd_ps(qv, pd_f16x8(k + i * k_stride + d), a[i]);
+    }
+    return pd_sum8(a);
+}
 #endif
 
 #ifdef PD_AVX512BF16
@@ -287,6 +337,7 @@ static inline __m256 pd_load8_bf16(const uint16_t *p) {
     const __m128i h = _mm_loadu_si128((const __m128i *)p);
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
+static inline __m256 pd_load8_f16(const uint16_t *p) { return pd_f16x8(p); }
 
 /* tile[d][k0 + i] = r[i][d] for eight rows r of eight elements: an 8x8 transpose in registers
  * (the scalar copy into the keys' transposed tile cost as much as a tenth of a prompt chunk's
@@ -479,11 +530,27 @@ static inline const float *pd_value_row_f32(const float *vp, int dim, float *buf
     return vp;
 }
 
-/* The kernel once per element type of q, the cache and out: bf16, then float32. */
+static inline const float *pd_value_row_f16(const uint16_t *vp, int dim, float *buf) {
+    int d = 0;
+#if defined(PD_HAVE_DOT8)
+    for (; d + 8 <= dim; d += 8) _mm256_storeu_ps(buf + d, pd_f16x8(vp + d));
+#endif
+    for (; d < dim; d++) buf[d] = f16_to_f32(vp[d]);
+    return buf;
+}
+
+/* The kernel once per element type of q and out, and of the cache: bf16 and bf16, float32 and
+ * float32, float32 and float16 (the float16 cache of a float32 model: half the bytes a step
+ * reads and keeps, each element widened exactly). */
+#define PD_Q uint16_t
+#define PD_QLOAD bf16_to_f32
 #define PD_T uint16_t
 #define PD_LOAD bf16_to_f32
 #define PD_STORE f32_to_bf16
 #define PD_DOT dot_scaled_bf16
+#ifdef PD_AVX512BF16
+#define PD_DOT8_BF16 1
+#endif
 #define PD_NAME paged_decode_bf16
 #define PD_ROWS paged_rows_bf16
 #define PD_SEG paged_stretch_bf16
@@ -493,10 +560,15 @@ static inline const float *pd_value_row_f32(const float *vp, int dim, float *buf
 #define PD_LOAD8 pd_load8_bf16
 #include "paged_decode_body.h"
 
+#define PD_Q float
+#define PD_QLOAD as_f32
 #define PD_T float
 #define PD_LOAD as_f32
 #define PD_STORE as_f32
 #define PD_DOT dot_scaled_f32
+#ifdef PD_HAVE_DOT8
+#define PD_DOT8 pd_dot8
+#endif
 #define PD_NAME paged_decode_f32
 #define PD_ROWS paged_rows_f32
 #define PD_SEG paged_stretch_f32
@@ -504,4 +576,22 @@ static inline const float *pd_value_row_f32(const float *vp, int dim, float *buf
 #define PD_F32 1
 #define PD_VALUE_ROW pd_value_row_f32
 #define PD_LOAD8 pd_load8_f32
+#include "paged_decode_body.h"
+
+#define PD_Q float
+#define PD_QLOAD as_f32
+#define PD_T uint16_t
+#define PD_LOAD f16_to_f32
+#define PD_STORE as_f32
+#define PD_DOT dot_scaled_f16
+#ifdef PD_HAVE_DOT8
+#define PD_DOT8 pd_dot8_f16
+#endif
+#define PD_NAME paged_decode_f32h
+#define PD_ROWS paged_rows_f32h
+#define PD_SEG paged_stretch_f32h
+#define PD_MERGE paged_merge_f32h
+#define PD_F32 0
+#define PD_VALUE_ROW pd_value_row_f16
+#define PD_LOAD8 pd_load8_f16
 #include "paged_decode_body.h"

@@ -1,22 +1,24 @@
-/* The body of paged_decode.c's kernel for one element type: included once per type with
- * PD_T, PD_LOAD, PD_STORE, PD_DOT, PD_NAME, PD_ROWS, PD_F32 (1: the float32 build) and
- * PD_VALUE_ROW defined (and undefined again at the end). */
+/* The body of paged_decode.c's kernel for one pair of element types: included once per pair
+ * with PD_Q (the query's and output's type), PD_QLOAD, PD_STORE (float32 -> PD_Q), PD_T (the
+ * cache's type), PD_LOAD, PD_DOT, PD_DOT8 (8 keys' scores at once, where the build has one),
+ * PD_NAME, PD_ROWS, PD_F32 (1: float32 values, read in place) and PD_VALUE_ROW defined (and
+ * undefined again at the end). */
 /* Returns 0, -1 when scratch memory cannot be had, -2 for shapes past the limits above. */
 /* Rows b .. b + n - 1 (n >= 2) that are consecutive tokens of one request (the same blocks,
  * row i's context seq_lens[b] + i), for KV head h: each key and value is read once for all
  * their query heads, and the scores of 16 keys at a time are sums over the head dimension
  * vectorized across the keys. Scratch: qf and acc [n * rep][dim], scores [n * rep][stride]
  * (stride >= the last row's context + PD_KEYS). */
-static void PD_ROWS(const PD_T *q, const PD_T *k_cache, const PD_T *v_cache,
+static void PD_ROWS(const PD_Q *q, const PD_T *k_cache, const PD_T *v_cache,
                     const int32_t *table, int first_len, int n, int h, int heads, int kv_heads,
                     int dim, int block_size, float scale, float *qf, float *acc,
-                    float *scores, int stride, PD_T *out) {
+                    float *scores, int stride, PD_Q *out) {
     const int rep = heads / kv_heads, m = n * rep; /* query j: row j / rep, head j % rep */
     const int last = first_len + n - 1;            /* the last row's context */
     const size_t row = (size_t)kv_heads * dim;     /* one token's keys, all heads */
     for (int j = 0; j < m; j++) {
-        const PD_T *qp = q + ((size_t)(j / rep) * heads + (size_t)h * rep + j % rep) * dim;
-        for (int d = 0; d < dim; d++) qf[(size_t)j * dim + d] = PD_LOAD(qp[d]) * scale;
+        const PD_Q *qp = q + ((size_t)(j / rep) * heads + (size_t)h * rep + j % rep) * dim;
+        for (int d = 0; d < dim; d++) qf[(size_t)j * dim + d] = PD_QLOAD(qp[d]) * scale;
     }
     float tile[MAX_DIM][PD_KEYS]; /* keys transposed: tile[d][key] */
     for (int t0 = 0; t0 < last; t0 += PD_KEYS) {
@@ -69,7 +71,7 @@ static void PD_ROWS(const PD_T *q, const PD_T *k_cache, const PD_T *v_cache,
 #else
 #define PD_RUN PD_KEYS
 #endif
-    float vals[PD_F32 ? 1 : PD_KEYS][MAX_DIM]; /* bf16 values converted */
+    float vals[PD_F32 ? 1 : PD_KEYS][MAX_DIM]; /* 16-bit values converted */
     const float *vrows[PD_RUN];
     for (int t0 = 0; t0 < last; t0 += PD_RUN) {
         const int w = last - t0 < PD_RUN ? last - t0 : PD_RUN;
@@ -83,7 +85,7 @@ static void PD_ROWS(const PD_T *q, const PD_T *k_cache, const PD_T *v_cache,
     }
 #undef PD_RUN
     for (int j = 0; j < m; j++) {
-        PD_T *op = out + ((size_t)(j / rep) * heads + (size_t)h * rep + j % rep) * dim;
+        PD_Q *op = out + ((size_t)(j / rep) * heads + (size_t)h * rep + j % rep) * dim;
         const float inv = 1.f / total[j];
         for (int d = 0; d < dim; d++) op[d] = PD_STORE(acc[(size_t)j * dim + d] * inv);
     }
@@ -98,7 +100,7 @@ static void PD_ROWS(const PD_T *q, const PD_T *k_cache, const PD_T *v_cache,
  * row apart: SmolLM2-1.7B's 32 heads put each 128-byte key of a head 4 KiB after the last,
  * where the prefetchers do not follow), and the next block's part is fetched while one is
  * scored. Scratch: qf [heads][dim], scores [heads][stride] (stride >= t1 - t0). */
-static void PD_SEG(const PD_T *q, const PD_T *k_cache, const PD_T *v_cache,
+static void PD_SEG(const PD_Q *q, const PD_T *k_cache, const PD_T *v_cache,
                    const int32_t *table, int t0, int t1, int h0, int h1, int heads, int kv_heads,
                    int dim, int block_size, float scale, float *qf, float *scores, int stride,
                    float *mx, float *sm, float *acc) {
@@ -107,7 +109,7 @@ static void PD_SEG(const PD_T *q, const PD_T *k_cache, const PD_T *v_cache,
     const size_t row_bytes = row * sizeof(PD_T), head_at = (size_t)h0 * dim * sizeof(PD_T),
                  head_bytes = (size_t)(h1 - h0) * dim * sizeof(PD_T);
     for (int j = j0; j < j1; j++)
-        for (int d = 0; d < dim; d++) qf[(size_t)j * dim + d] = PD_LOAD(q[(size_t)j * dim + d]) * scale;
+        for (int d = 0; d < dim; d++) qf[(size_t)j * dim + d] = PD_QLOAD(q[(size_t)j * dim + d]) * scale;
     for (int b0 = t0; b0 < t1; b0 += block_size) {
         const int n = t1 - b0 < block_size ? t1 - b0 : block_size;
         const PD_T *kb = pd_block(k_cache, table, b0, t1, block_size, row_bytes, head_at,
@@ -115,18 +117,17 @@ static void PD_SEG(const PD_T *q, const PD_T *k_cache, const PD_T *v_cache,
         for (int h = h0; h < h1; h++) {
             const PD_T *kh = kb + (size_t)h * dim;
             float *sh = scores + (size_t)h * rep * stride + (b0 - t0);
-            const PD_T *qh = q + (size_t)h * rep * dim;
+            const PD_Q *qh = q + (size_t)h * rep * dim;
             const float *qfh = qf + (size_t)h * rep * dim;
             int i = 0;
-#if PD_F32 && defined(PD_DOT8)
+#ifdef PD_DOT8
             if (dim % 8 == 0) /* eight keys at a time */
                 for (; i + 8 <= n; i += 8)
                     for (int r = 0; r < rep; r++)
                         _mm256_storeu_ps(sh + (size_t)r * stride + i,
-                                         pd_dot8(qfh + (size_t)r * dim, (const float *)kh + i * row,
-                                                 row, dim));
+                                         PD_DOT8(qfh + (size_t)r * dim, kh + i * row, row, dim));
 #endif
-#if !PD_F32 && defined(PD_AVX512BF16)
+#ifdef PD_DOT8_BF16
             if (dim % 32 == 0) /* eight keys at a time, bf16 products */
                 for (; i + 8 <= n; i += 8)
                     for (int r = 0; r < rep; r++)
@@ -150,7 +151,7 @@ static void PD_SEG(const PD_T *q, const PD_T *k_cache, const PD_T *v_cache,
         sm[j] = exp_shifted(sj, len, top);
     }
     memset(acc + (size_t)j0 * dim, 0, sizeof(float) * (size_t)(j1 - j0) * dim);
-    float vals[PD_KEYS][MAX_DIM]; /* bf16 values converted (float32 ones are read in place) */
+    float vals[PD_KEYS][MAX_DIM]; /* 16-bit values converted (float32 ones are read in place) */
     const float *vrows[PD_KEYS];
     for (int b0 = t0; b0 < t1; b0 += block_size) {
         const int n = t1 - b0 < block_size ? t1 - b0 : block_size;
@@ -172,7 +173,7 @@ static void PD_SEG(const PD_T *q, const PD_T *k_cache, const PD_T *v_cache,
 /* The stretches [first, end) of one decode row (PD_SEG's mx, sm and acc, each stretch's
  * `part` floats apart: heads x (2 + dim)) joined into its output row: the softmax over the
  * whole context, each stretch's sums rescaled to the largest score. */
-static void PD_MERGE(const float *parts, int first, int end, int heads, int dim, PD_T *out) {
+static void PD_MERGE(const float *parts, int first, int end, int heads, int dim, PD_Q *out) {
     const size_t part = (size_t)heads * (2 + dim);
     for (int j = 0; j < heads; j++) {
         float top = parts[(size_t)first * part + j];
@@ -193,9 +194,9 @@ static void PD_MERGE(const float *parts, int first, int end, int heads, int dim,
     }
 }
 
-int PD_NAME(const PD_T *q, const PD_T *k_cache, const PD_T *v_cache,
+int PD_NAME(const PD_Q *q, const PD_T *k_cache, const PD_T *v_cache,
                       const int32_t *tables, int table_stride, const int32_t *seq_lens,
-                      PD_T *out, int batch, int heads, int kv_heads, int dim, int block_size,
+                      PD_Q *out, int batch, int heads, int kv_heads, int dim, int block_size,
                       float scale, int threads) {
     const int rep = heads / kv_heads;
     if (rep > MAX_REP || dim > MAX_DIM) return -2;
@@ -315,10 +316,14 @@ int PD_NAME(const PD_T *q, const PD_T *k_cache, const PD_T *v_cache,
     return failed ? -1 : 0;
 }
 
+#undef PD_Q
+#undef PD_QLOAD
 #undef PD_T
 #undef PD_LOAD
 #undef PD_STORE
 #undef PD_DOT
+#undef PD_DOT8
+#undef PD_DOT8_BF16
 #undef PD_NAME
 #undef PD_ROWS
 #undef PD_SEG
