@@ -34,7 +34,7 @@ LOCALHOST = "127.0.0.1"
 
 def engine_args(args: argparse.Namespace) -> dict[str, Any]:
     """The `LocalClient.from_model` keyword arguments given on the command line."""
-    keys = ("dtype", "device", "max_model_len", "kv_cache_gb", "max_step_ms")
+    keys = ("dtype", "device", "max_model_len", "kv_cache_gb", "kv_cache_dtype", "max_step_ms")
     return {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
 
 

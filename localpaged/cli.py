@@ -15,6 +15,9 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--max-model-len", type=int, default=None, help="context length cap")
     p.add_argument("--kv-cache-gb", type=float, default=None, help="memory for the KV cache")
+    p.add_argument("--kv-cache-dtype", default=None, choices=["auto", "float32", "bfloat16", "float16"],
+                   help="the KV cache's element type (default auto: the model's, float16 for a "
+                        "float32 model on the CPU)")
 
 
 def _add_step_bound_arg(p: argparse.ArgumentParser) -> None:

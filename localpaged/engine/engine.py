@@ -28,6 +28,7 @@ from localpaged.engine.step_cost import StepCostModel, StepShape
 from localpaged.engine.stop import StopChecker
 from localpaged.gc_pause import collector_paused
 from localpaged.kernels import check_supported
+from localpaged.kernels.backend import use_triton_on
 from localpaged.model.optimize import describe as describe_optimizations
 from localpaged.model.optimize import optimize_for_inference
 
@@ -72,6 +73,10 @@ class LLMEngine:
         if (note := describe_optimizations(self.optimizations)) is not None:
             print(f"localpaged: CPU fast paths: {note}", file=sys.stderr, flush=True)
         kv_dtype = args.resolved_kv_cache_dtype(model, self.device)
+        if kv_dtype != model.dtype and use_triton_on(self.device):
+            raise ValueError(f"kv_cache_dtype={args.kv_cache_dtype}: the Triton kernels keep the "
+                             f"cache in the model's dtype ({str(model.dtype).removeprefix('torch.')});"
+                             " leave kv_cache_dtype at auto")
         per_block = model.kv_cache_bytes_per_block(args.block_size, kv_dtype)
         num_blocks = args.num_kv_blocks or max(1, int(args.resolved_kv_cache_gb() * 2**30 // per_block))
         self.kv_bytes = num_blocks * per_block

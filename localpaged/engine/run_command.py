@@ -21,7 +21,8 @@ def run(args: argparse.Namespace) -> int:
                             top_p=args.top_p, seed=args.seed)
     engine = LLMEngine.from_args(EngineArgs(
         model=args.model, dtype=args.dtype, device=args.device,
-        max_model_len=args.max_model_len, kv_cache_gb=args.kv_cache_gb))
+        max_model_len=args.max_model_len, kv_cache_gb=args.kv_cache_gb,
+        kv_cache_dtype=args.kv_cache_dtype or "auto"))
     messages = ([{"role": "system", "content": args.system}] if args.system else [])
     messages.append({"role": "user", "content": prompt})
     ids = engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True)

@@ -187,7 +187,7 @@ def main(args: argparse.Namespace) -> int:
     from localpaged.engine.async_engine import LocalClient
     from localpaged.server.ollama_routes import parse_keep_alive
 
-    engine_args = {k: getattr(args, k) for k in ("dtype", "device", "max_model_len", "kv_cache_gb", "max_step_ms")
+    engine_args = {k: getattr(args, k) for k in ("dtype", "device", "max_model_len", "kv_cache_gb", "kv_cache_dtype", "max_step_ms")
                    if getattr(args, k, None) is not None}
     first = args.model or DEFAULT_MODEL
     max_loaded = getattr(args, "max_loaded_models", None)

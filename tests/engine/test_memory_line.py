@@ -35,6 +35,26 @@ def test_the_engine_says_what_it_holds(tiny_llama: Path, capsys: pytest.CaptureF
     assert resident_bytes() is None or resident_bytes() > engine.weights_bytes
 
 
+def test_the_kv_cache_dtype_is_chosen_or_refused_clearly(
+        tiny_llama: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pinned on the CPU kernels: the pool holds that type and its bytes follow. On the Triton
+    kernels (the CPU interpreter here, CUDA for users) another type than the model's is refused
+    before anything is allocated."""
+    pinned = LLMEngine.from_args(EngineArgs(model=str(tiny_llama), dtype="float32",
+                                            kv_cache_gb=0.01, kv_cache_dtype="float32"))
+    assert pinned.runner.kv_caches[0][0].dtype == torch.float32
+    c = pinned.model.config
+    assert pinned.kv_bytes == pinned.runner.kv_caches[0][0].shape[0] * 2 * 16 * c.num_kv_heads * c.head_dim * 4 \
+        * c.num_layers
+    with pytest.raises(ValueError, match="kv_cache_dtype='bf16' is invalid"):
+        EngineArgs(model="m", kv_cache_dtype="bf16")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv("LOCALPAGED_KERNELS", "triton")
+    with pytest.raises(ValueError, match="the Triton kernels keep the cache in the model's dtype"):
+        LLMEngine.from_args(EngineArgs(model=str(tiny_llama), dtype="float32", kv_cache_gb=0.01,
+                                       kv_cache_dtype="float16"))
+
+
 def test_the_cpu_kv_pool_takes_memory_as_it_is_written(tiny_llama: Path) -> None:
     """A 1 GiB pool costs no resident memory until blocks are written, then about what was
     written (pages of the blocks the requests took)."""

@@ -134,6 +134,8 @@ def test_launcher_helpers(openai_stub, tmp_path: Path) -> None:
     assert chat_launcher.engine_args(args) == {"dtype": "float32", "max_model_len": 512}
     args = build_parser().parse_args(["chat", "--max-step-ms", "0"])  # 0: no step bound
     assert chat_launcher.engine_args(args) == {"dtype": "auto", "max_step_ms": 0.0}
+    args = build_parser().parse_args(["chat", "--kv-cache-dtype", "float32"])
+    assert chat_launcher.engine_args(args) == {"dtype": "auto", "kv_cache_dtype": "float32"}
 
 
 def _args(**kw) -> argparse.Namespace:
