@@ -327,7 +327,7 @@ def w6_calls() -> list[Call]:
         x = torch.randn(rows, k, generator=g)
         x[0, : k // 2] = x[0, : k // 2].abs() * 10  # one sign at the largest codes
         gs = cpu_w6.group_size(packed, sb, zp)
-        block = cpu_w6.activation_block(zp, gs)  # per super-block for KQ
+        block = cpu_w6.activation_block(zp, gs, k, six)  # per super-block for KQ (and 256s)
         ref = _int8_reference(x, w, block)
         tag = f"{rows}x{k}x{n}/g{gs} zp={zp}{' 6-bit' if six else ''}"
         for plain in (1, 0):
@@ -357,16 +357,19 @@ def _attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
 
 
 def decode_calls() -> list[Call]:
-    """Paged decode attention, per dtype."""
+    """Paged decode attention, per (query, cache) dtype: float32 over float16 is a float32
+    model's cache."""
     calls = []
     batch, heads, kv_heads, dim, block = 3, 4, 2, 64, 16
     lens = torch.tensor([1, 17, 40], dtype=torch.int32)
     tables = torch.tensor([[5, 0, 0], [2, 7, 0], [1, 3, 6]], dtype=torch.int32)
     g = _gen(7)
-    for dtype, suffix, tol in ((torch.float32, "f32", 2**-18), (torch.bfloat16, "bf16", 2**-7)):
+    for dtype, cache, suffix, tol in ((torch.float32, torch.float32, "f32", 2**-18),
+                                      (torch.bfloat16, torch.bfloat16, "bf16", 2**-7),
+                                      (torch.float32, torch.float16, "f32h", 2**-18)):
         q = torch.randn(batch, heads, dim, generator=g).to(dtype)
-        kc = torch.randn(8, block, kv_heads, dim, generator=g).to(dtype)
-        vc = torch.randn(8, block, kv_heads, dim, generator=g).to(dtype)
+        kc = torch.randn(8, block, kv_heads, dim, generator=g).to(cache)
+        vc = torch.randn(8, block, kv_heads, dim, generator=g).to(cache)
         out = torch.zeros(batch, heads, dim, dtype=dtype)
         scale = dim**-0.5
         calls.append(Call(f"paged_decode_{suffix}", f"paged_decode_{suffix}",
@@ -419,7 +422,8 @@ def _rotate(v: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:
 
 
 def layer_calls() -> list[Call]:
-    """One decoder layer per dtype (in float32 also with int8 blocks for the MLP's down)."""
+    """One decoder layer per dtype (in float32 also with int8 blocks for the MLP's down, and
+    over a float16 cache, a float32 model's)."""
     calls = []
     hidden, heads, kv_heads, hd, inter, group, block = 64, 4, 2, 16, 96, 32, 16
     batch, lens = 2, torch.tensor([3, 20], dtype=torch.int32)
@@ -428,8 +432,10 @@ def layer_calls() -> list[Call]:
              + (lens - 1).long() % block)
     shapes = {"qkv": (hidden, (heads + 2 * kv_heads) * hd), "o": (heads * hd, hidden),
               "gate_up": (hidden, 2 * inter), "down": (inter, hidden)}
-    for dtype, suffix, q8_down in ((torch.float32, "f32", False), (torch.float32, "f32", True),
-                                   (torch.bfloat16, "bf16", False)):
+    for dtype, suffix, q8_down, cache in ((torch.float32, "f32", False, torch.float32),
+                                          (torch.float32, "f32", True, torch.float32),
+                                          (torch.float32, "f32", False, torch.float16),
+                                          (torch.bfloat16, "bf16", False, torch.bfloat16)):
         g = _gen(13)
         refs: dict[str, torch.Tensor | None] = {}
         views = {}
@@ -446,8 +452,8 @@ def layer_calls() -> list[Call]:
             views[name] = dl._W4(None, None, None, k, n, group)
             refs.update({f"{name}.packed": packed, f"{name}.sb": sb, f"{name}.bias": bias})
         norms = [(1 + 0.1 * torch.randn(hidden, generator=g)).to(dtype) for _ in range(2)]
-        kc = (torch.randn(5, block, kv_heads, hd, generator=g) * 0.5).to(dtype)
-        vc = torch.randn(5, block, kv_heads, hd, generator=g).to(dtype)
+        kc = (torch.randn(5, block, kv_heads, hd, generator=g) * 0.5).to(cache)
+        vc = torch.randn(5, block, kv_heads, hd, generator=g).to(cache)
         refs.update({"input_norm": norms[0], "post_norm": norms[1], "k_cache": kc,
                      "v_cache": vc})
         layer = dl._Layer(None, None, views["qkv"], views["o"], views["gate_up"], views["down"],
@@ -456,11 +462,13 @@ def layer_calls() -> list[Call]:
         cos_sin = torch.cat((angles.cos(), angles.sin()), dim=-1).float().contiguous()
         step = dl._Step(batch=batch, hidden=hidden, heads=heads, kv_heads=kv_heads, head_dim=hd,
                         intermediate=inter, block_size=block, table_stride=tables.shape[1],
-                        threads=THREADS, eps=1e-5, scale=hd**-0.5)
+                        threads=THREADS, eps=1e-5, scale=hd**-0.5,
+                        kv_half=int(cache == torch.float16))
         x = torch.randn(batch, hidden, generator=g).to(dtype)
         residual = torch.zeros_like(x)
         calls.append(Call(
-            f"decode_layer_{suffix}{' q8 down' if q8_down else ''}", f"decode_layer_{suffix}",
+            f"decode_layer_{suffix}{' q8 down' if q8_down else ''}"
+            f"{' float16 cache' if cache != dtype else ''}", f"decode_layer_{suffix}",
             [Struct(step, {"slots": slots, "tables": tables, "seq_lens": lens,
                            "cos_sin": cos_sin}), Struct(layer, refs), x, residual, 1],
             [x, residual, kc, vc]))

@@ -41,6 +41,8 @@ int paged_decode_bf16(const uint16_t *, const uint16_t *, const uint16_t *, cons
                       const int32_t *, uint16_t *, int, int, int, int, int, float, int);
 int paged_decode_f32(const float *, const float *, const float *, const int32_t *, int,
                      const int32_t *, float *, int, int, int, int, int, float, int);
+int paged_decode_f32h(const float *, const uint16_t *, const uint16_t *, const int32_t *, int,
+                      const int32_t *, float *, int, int, int, int, int, float, int);
 /* The structs are opaque here: Python lays them out (ctypes, the same LP64 layout on both). */
 int decode_layer_bf16(const void *, const void *, uint16_t *, uint16_t *, int);
 int decode_layer_f32(const void *, const void *, float *, float *, int);
@@ -131,6 +133,9 @@ static long dispatch(const char *fn, const union arg *a) {
     if (!strcmp(fn, "paged_decode_f32"))
         return paged_decode_f32(P(0), P(1), P(2), P(3), I(4), P(5), P(6), I(7), I(8), I(9),
                                 I(10), I(11), F(12), I(13));
+    if (!strcmp(fn, "paged_decode_f32h"))
+        return paged_decode_f32h(P(0), P(1), P(2), P(3), I(4), P(5), P(6), I(7), I(8), I(9),
+                                 I(10), I(11), F(12), I(13));
     if (!strcmp(fn, "decode_layer_bf16")) return decode_layer_bf16(P(0), P(1), P(2), P(3), I(4));
     if (!strcmp(fn, "decode_layer_f32")) return decode_layer_f32(P(0), P(1), P(2), P(3), I(4));
     if (!strcmp(fn, "rms_norm_rows_bf16"))

@@ -5,8 +5,8 @@
  * some sixty small torch ops per layer; here they are loops over a few KiB.
  *
  * Built per activation type (bf16, float32: the model's dtype; the KV cache holds it too, or
- * float16 under float32): decode_layer_body.h is included once for each. Rounding follows the torch path: tensors of
- * the model's dtype between ops, float32 inside each op.
+ * float16 under float32): decode_layer_body.h is included once for each. Rounding follows the
+ * torch path: tensors of the model's dtype between ops, float32 inside each op.
  */
 /* Built as part of all.c, after quant_gemm.c and paged_decode.c. */
 #include <math.h>
