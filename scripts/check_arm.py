@@ -532,7 +532,20 @@ def tools(builds: list[str]) -> list[str]:
     need = {"qemu-aarch64"} | {BUILDS[b][0][0] for b in builds}
     if any(BUILDS[b][0][0] == "clang" for b in builds):
         need.add("aarch64-linux-gnu-gcc")  # clang links against gcc's aarch64 sysroot
-    return sorted(t for t in need if shutil.which(t) is None)
+    missing = sorted(t for t in need if shutil.which(t) is None)
+    if not missing and any(BUILDS[b][0][0] == "clang" and BUILDS[b][1] for b in builds) \
+            and not _clang_has_aarch64_openmp():
+        missing.append("omp.h for clang's aarch64 target (libomp-dev:arm64)")
+    return missing
+
+
+@functools.cache
+def _clang_has_aarch64_openmp() -> bool:
+    """Whether clang finds an OpenMP header for aarch64 (Debian's clang alone does not)."""
+    done = subprocess.run(["clang", "--target=aarch64-linux-gnu", "-fopenmp", "-fsyntax-only",
+                           "-x", "c", "-"], input="#include <omp.h>\n", capture_output=True,
+                          text=True)
+    return done.returncode == 0
 
 
 def check(builds: list[str], log: Callable[[str], None] = print) -> list[str]:
