@@ -243,36 +243,14 @@ static inline __m256 pd_sum8_512(const __m512 *w) {
 }
 #endif
 
-/* q . k for 8 float32 keys k + i * k_stride (i < 8), dim % 8 == 0: eight independent sums
- * (one dot product alone is a chain of dependent adds and a horizontal sum), reduced
- * together by a tree of horizontal adds. */
-static inline __m256 pd_dot8(const float *q, const float *k, size_t k_stride, int dim) {
-#if defined(__AVX512F__)
-    if (dim % 16 == 0) {
-        __m512 w[8];
-        for (int i = 0; i < 8; i++) w[i] = _mm512_setzero_ps();
-        for (int d = 0; d < dim; d += 16) {
-            const __m512 qv = _mm512_loadu_ps(q + d);
-#pragma GCC unroll 8
-            for (int i = 0; i < 8; i++)
-                w[i] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k + i * k_stride + d), w[i]);
-        }
-        return pd_sum8_512(w);
-    }
-#endif
-    __m256 a[8];
-    for (int i = 0; i < 8; i++) a[i] = _mm256_setzero_ps();
-    for (int d = 0; d < dim; d += 8) {
-        const __m256 qv = _mm256_loadu_ps(q + d);
-#pragma GCC unroll 8
-        for (int i = 0; i < 8; i++)
-            a[i] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + i * k_stride + d), a[i]);
-    }
-    return pd_sum8(a);
+/* Elements d .. d + 7 of a key row as float32 (bf16 widened: its bits are float32's top half;
+ * float16 by F16C's VCVTPH2PS where the build has it). */
+static inline __m256 pd_load8_f32(const float *p) { return _mm256_loadu_ps(p); }
+static inline __m256 pd_load8_bf16(const uint16_t *p) {
+    const __m128i h = _mm_loadu_si128((const __m128i *)p);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
-
-/* Eight float16 elements as float32 (F16C's VCVTPH2PS where the build has it). */
-static inline __m256 pd_f16x8(const uint16_t *p) {
+static inline __m256 pd_load8_f16(const uint16_t *p) {
 #if defined(__F16C__) || defined(__AVX512F__)
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
 #else
@@ -282,9 +260,24 @@ static inline __m256 pd_f16x8(const uint16_t *p) {
 #endif
 }
 
-/* pd_dot8 for float16 keys (a float16 cache under a float32 model): the same sums of the same
- * products, each key element widened exactly first. */
-static inline __m256 pd_dot8_f16(const float *q, const uint16_t *k, size_t k_stride, int dim) {
+/* Elements `at` .. `at` + 7 (pd_key8) or + 15 (pd_key16) of a float32 cache, or of a float16
+ * one (`half`) widened exactly: a constant after inlining. */
+static inline __attribute__((always_inline)) __m256 pd_key8(const void *k, size_t at, int half) {
+    return half ? pd_load8_f16((const uint16_t *)k + at) : pd_load8_f32((const float *)k + at);
+}
+#if defined(__AVX512F__)
+static inline __attribute__((always_inline)) __m512 pd_key16(const void *k, size_t at, int half) {
+    return half ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)k + at)))
+                : _mm512_loadu_ps((const float *)k + at);
+}
+#endif
+
+/* q . k for 8 keys k + i * k_stride (i < 8), float32 or float16 (`half`), dim % 8 == 0: eight
+ * independent sums (one dot product alone is a chain of dependent adds and a horizontal sum),
+ * reduced together by a tree of horizontal adds. */
+static inline __attribute__((always_inline)) __m256 pd_dot8_of(const float *q, const void *k,
+                                                               size_t k_stride, int dim,
+                                                               int half) {
 #if defined(__AVX512F__)
     if (dim % 16 == 0) {
         __m512 w[8];
@@ -293,9 +286,7 @@ static inline __m256 pd_dot8_f16(const float *q, const uint16_t *k, size_t k_str
             const __m512 qv = _mm512_loadu_ps(q + d);
 #pragma GCC unroll 8
             for (int i = 0; i < 8; i++)
-                w[i] = _mm512_fmadd_ps(
-                    qv, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(k + i * k_stride + d))),
-                    w[i]);
+                w[i] = _mm512_fmadd_ps(qv, pd_key16(k, i * k_stride + d, half), w[i]);
         }
         return pd_sum8_512(w);
     }
@@ -306,9 +297,18 @@ static inline __m256 pd_dot8_f16(const float *q, const uint16_t *k, size_t k_str
         const __m256 qv = _mm256_loadu_ps(q + d);
 #pragma GCC unroll 8
         for (int i = 0; i < 8; i++)
-            a[i] = _mm256_fmadd_ps(qv, pd_f16x8(k + i * k_stride + d), a[i]);
+            a[i] = _mm256_fmadd_ps(qv, pd_key8(k, i * k_stride + d, half), a[i]);
     }
     return pd_sum8(a);
+}
+
+static inline __m256 pd_dot8(const float *q, const float *k, size_t k_stride, int dim) {
+    return pd_dot8_of(q, k, k_stride, dim, 0);
+}
+
+/* pd_dot8 for a float16 cache (a float32 model's): the same sums of the same products. */
+static inline __m256 pd_dot8_f16(const float *q, const uint16_t *k, size_t k_stride, int dim) {
+    return pd_dot8_of(q, k, k_stride, dim, 1);
 }
 #endif
 
@@ -330,14 +330,7 @@ static inline __m256 pd_dot8_bf16(const uint16_t *q, const uint16_t *k, size_t k
 #endif
 
 #if defined(__AVX512F__) || defined(__AVX2__)
-#define PD_LOAD8_VECTOR 1
-/* Elements d .. d + 7 of a key row as float32 (bf16 widened: its bits are float32's top half). */
-static inline __m256 pd_load8_f32(const float *p) { return _mm256_loadu_ps(p); }
-static inline __m256 pd_load8_bf16(const uint16_t *p) {
-    const __m128i h = _mm_loadu_si128((const __m128i *)p);
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-static inline __m256 pd_load8_f16(const uint16_t *p) { return pd_f16x8(p); }
+#define PD_LOAD8_VECTOR 1 /* pd_load8_* (above) */
 
 /* tile[d][k0 + i] = r[i][d] for eight rows r of eight elements: an 8x8 transpose in registers
  * (the scalar copy into the keys' transposed tile cost as much as a tenth of a prompt chunk's
@@ -533,7 +526,7 @@ static inline const float *pd_value_row_f32(const float *vp, int dim, float *buf
 static inline const float *pd_value_row_f16(const uint16_t *vp, int dim, float *buf) {
     int d = 0;
 #if defined(PD_HAVE_DOT8)
-    for (; d + 8 <= dim; d += 8) _mm256_storeu_ps(buf + d, pd_f16x8(vp + d));
+    for (; d + 8 <= dim; d += 8) _mm256_storeu_ps(buf + d, pd_load8_f16(vp + d));
 #endif
     for (; d < dim; d++) buf[d] = f16_to_f32(vp[d]);
     return buf;
