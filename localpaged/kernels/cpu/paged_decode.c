@@ -466,9 +466,17 @@ static inline __attribute__((always_inline)) void pd_weighted_rows(
         }
 }
 
+/* pd_weighted_rows for nq <= 4 rows, R fitted to them: a row short of four would cost its
+ * multiply-adds all the same (a decode row of a model with as many KV heads as query heads,
+ * SmolLM2-1.7B's, did four rows' work for one). Each row's sums are the same either way. */
 static inline void pd_weighted_sum4(const float *p, size_t p_stride, int nq, int n,
                                     const float *const *vals, int dim, float *a) {
-    pd_weighted_rows(p, p_stride, nq, n, vals, dim, a, 4);
+    switch (nq) {
+    case 1: pd_weighted_rows(p, p_stride, 1, n, vals, dim, a, 1); break;
+    case 2: pd_weighted_rows(p, p_stride, 2, n, vals, dim, a, 2); break;
+    case 3: pd_weighted_rows(p, p_stride, 3, n, vals, dim, a, 3); break;
+    default: pd_weighted_rows(p, p_stride, nq, n, vals, dim, a, 4);
+    }
 }
 
 /* pd_weighted_rows for nq rows, any number: six rows a pass on AVX2 builds (twelve chains of
