@@ -501,11 +501,19 @@ static inline void pd_weighted_sum(const float *p, size_t p_stride, int nq, int 
  * keys and values 3x as often and ran at 35-51 GMAC/s; at 48, 45-68 (2-core Intel AVX-512). */
 #define PD_SCORES_BYTES (16L << 20)
 static int pd_group_rows(int batch, int kv_heads, int rep, int stride, int threads) {
-    for (int group = PD_GROUP_MAX; group > PD_GROUP_MIN; group -= 16)
-        if ((long)(batch + group - 1) / group * kv_heads >= 4L * threads
-            && (long)rep * group * stride * (long)sizeof(float) <= PD_SCORES_BYTES)
-            return group;
-    return PD_GROUP_MIN;
+    int group = PD_GROUP_MIN;
+    for (int g = PD_GROUP_MAX; g > PD_GROUP_MIN; g -= 16)
+        if ((long)(batch + g - 1) / g * kv_heads >= 4L * threads
+            && (long)rep * g * stride * (long)sizeof(float) <= PD_SCORES_BYTES) {
+            group = g;
+            break;
+        }
+    /* as many groups as a multiple of the threads, of even sizes: a 151-token chunk had
+     * groups of 48, 48, 48 and 7 rows, one thread's two tasks 96 rows, the other's 55 */
+    if (batch < 1 || threads < 1) return group;
+    int groups = (batch + group - 1) / group;
+    groups = (groups + threads - 1) / threads * threads;
+    return (batch + groups - 1) / groups;
 }
 
 /* Whether row b is the token after row b - 1's in the same request: a context one longer,

@@ -222,6 +222,13 @@ int PD_NAME(const PD_Q *q, const PD_T *k_cache, const PD_T *v_cache,
         while (b + n < batch && n < group
                && pd_continues(tables, table_stride, seq_lens, block_size, b + n))
             n++;
+        /* the run's last row is not left alone: as a single row it would take the stretches'
+         * path, whose sums differ in their order (a row's bits would hang on the grouping) */
+        if (n > 1 && b + n < batch
+            && pd_continues(tables, table_stride, seq_lens, block_size, b + n)
+            && !(b + n + 1 < batch
+                 && pd_continues(tables, table_stride, seq_lens, block_size, b + n + 1)))
+            n += n > 2 ? -1 : 1; /* leave two rows; a group of two takes the third */
         starts[tasks] = b;
         if (n > 1) {
             grouped[n_grouped++] = tasks;
