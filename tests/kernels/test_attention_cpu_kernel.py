@@ -106,18 +106,19 @@ def test_prompt_chunk_rows_equal_plain_attention(heads, kv_heads, dim, bs, dtype
                                                  cpu_variant) -> None:
     """A prompt chunk as rows (one per token: the request's blocks, contexts growing by one,
     taken together by the kernel), between decode rows of other requests, in runs longer than
-    the kernel's groups (16 to 48 rows, by the rows and threads: a run's last row never left
-    alone) and shorter, starting mid-block and at position 0; head sizes that fill the vector loops and that leave a
-    remainder. One thread takes the widest groups, eight the narrowest: the same bits."""
+    the kernel's groups (16 to 48 rows, by the rows and threads; a run's last row never left
+    alone) and shorter, starting mid-block and at position 0; head sizes that fill the vector
+    loops and that leave a remainder. One thread takes the widest groups, eight the narrowest:
+    the same bits."""
     g = torch.Generator().manual_seed(dim + bs)
     lens = [40, 52, 5, 200, 130]  # decode rows and the chunks' full contexts
     _, k_cache, v_cache, tables, _ = _batch(g, lens, heads, kv_heads, dim, bs)
     k_cache, v_cache = k_cache.to(cache_dtype), v_cache.to(cache_dtype)
     rows: list[tuple[int, int]] = [(0, 40)]  # (request, context)
-    rows += [(1, n) for n in range(12, 53)]  # a 41-token chunk: one group, or 16, 16 and 9
+    rows += [(1, n) for n in range(12, 53)]  # a 41-token chunk: one group, or several
     rows += [(2, n) for n in range(1, 6)]  # a whole 5-token prompt from position 0
     rows += [(3, n) for n in range(150, 183)]  # 33 tokens: groups of 16 would leave one row
-    rows += [(4, n) for n in range(31, 131)]  # 100 tokens: groups of 48, 48 and 4 at the widest
+    rows += [(4, n) for n in range(31, 131)]  # 100 tokens: longer than the widest group
     rows += [(3, 200), (3, 199)]  # not consecutive: one row each
     row_tables = torch.stack([tables[r] for r, _ in rows]).contiguous()
     row_lens = torch.tensor([n for _, n in rows], dtype=torch.int32)

@@ -496,7 +496,9 @@ static inline void pd_weighted_sum(const float *p, size_t p_stride, int nq, int 
 
 /* The rows of a task (see PD_GROUP_MAX) for `batch` rows: the widest group that still leaves
  * the threads four tasks each (a task is a group's KV head) and keeps a thread's scores
- * (`rep` query heads a row, `stride` keys each) within PD_SCORES_BYTES, else PD_GROUP_MIN.
+ * (`rep` query heads a row, `stride` keys each) within PD_SCORES_BYTES, else PD_GROUP_MIN;
+ * then evened out over as many groups as a multiple of the threads (a 151-token chunk had gone
+ * as 48, 48, 48 and 7 rows: one thread's two tasks 96 rows, the other's 55).
  * With 16 rows a task, a prompt chunk of SmolLM2-1.7B (one query head per KV head) read its
  * keys and values 3x as often and ran at 35-51 GMAC/s; at 48, 45-68 (2-core Intel AVX-512). */
 #define PD_SCORES_BYTES (16L << 20)
@@ -508,8 +510,6 @@ static int pd_group_rows(int batch, int kv_heads, int rep, int stride, int threa
             group = g;
             break;
         }
-    /* as many groups as a multiple of the threads, of even sizes: a 151-token chunk had
-     * groups of 48, 48, 48 and 7 rows, one thread's two tasks 96 rows, the other's 55 */
     if (batch < 1 || threads < 1) return group;
     int groups = (batch + group - 1) / group;
     groups = (groups + threads - 1) / threads * threads;
