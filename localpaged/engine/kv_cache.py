@@ -5,6 +5,11 @@ A *full* block gets a content hash chained to its parent's: `hash(parent, tokens
 A freed block keeps its hash and stays findable in the prefix cache until it is reused for
 something else (LRU: the block freed longest ago is taken first), so a new request whose
 leading blocks hash the same takes them without recomputing.
+
+A request's last, part-filled block is kept too when it ends, under the hash of the blocks
+before it with the tokens it holds: the next turn of a chat continues that history, so it
+takes the block over (it is nobody else's) and writes its own tokens after the matching ones,
+instead of computing up to a block's worth of its history again.
 """
 
 from __future__ import annotations
@@ -31,11 +36,19 @@ def hash_block(parent: BlockHash | None, token_ids: Sequence[int], extra: bytes 
     return h.digest()
 
 
+def root_key(salt: bytes) -> BlockHash:
+    """What a request's first block is kept under when part-filled (no parent hash)."""
+    return b"root" + salt
+
+
 @dataclass
 class KVBlock:
     block_id: int
     ref_cnt: int = 0
     block_hash: BlockHash | None = None
+    # A part-filled block kept after its request ended: (the hash of the blocks before it,
+    # the tokens whose K/V it holds).
+    partial: tuple[BlockHash, tuple[int, ...]] | None = None
 
 
 class BlockPool:
@@ -49,6 +62,7 @@ class BlockPool:
         # Free blocks, least recently freed first. Values unused; OrderedDict gives O(1) removal.
         self.free_queue: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self.cached: dict[BlockHash, KVBlock] = {}
+        self.partial: dict[BlockHash, dict[int, KVBlock]] = {}  # parent hash -> kept blocks
         self.num_evictions = 0
 
     @property
@@ -70,6 +84,7 @@ class BlockPool:
         for _ in range(n):
             block_id, _ = self.free_queue.popitem(last=False)
             block = self.blocks[block_id]
+            self._forget_partial(block)
             if block.block_hash is not None:
                 if self.cached.get(block.block_hash) is block:
                     del self.cached[block.block_hash]
@@ -84,6 +99,7 @@ class BlockPool:
         for block in blocks:
             if block.ref_cnt == 0:
                 del self.free_queue[block.block_id]
+            self._forget_partial(block)  # its new holder writes after the kept tokens
             block.ref_cnt += 1
 
     def free(self, blocks: Sequence[KVBlock]) -> None:
@@ -108,11 +124,47 @@ class BlockPool:
         block.block_hash = block_hash
         self.cached[block_hash] = block
 
+    def keep_partial(self, block: KVBlock, parent: BlockHash, tokens: tuple[int, ...]) -> None:
+        """Keep a free, part-filled block findable under its parent's hash (`find_partial`)
+        until it is taken for anything."""
+        if not self.enable_caching or block.ref_cnt or not tokens:
+            return
+        self._forget_partial(block)
+        block.partial = (parent, tokens)
+        self.partial.setdefault(parent, {})[block.block_id] = block
+
+    def find_partial(self, parent: BlockHash, tokens: Sequence[int]) -> tuple[KVBlock, int] | None:
+        """The kept block under `parent` whose tokens begin `tokens` the longest way, and how
+        many of them match (at least one); None when none matches."""
+        best: tuple[KVBlock, int] | None = None
+        for block in self.partial.get(parent, {}).values():
+            assert block.partial is not None
+            kept = block.partial[1]
+            n = 0
+            for a, b in zip(kept, tokens):
+                if a != b:
+                    break
+                n += 1
+            if n and (best is None or n > best[1]):
+                best = (block, n)
+        return best
+
+    def _forget_partial(self, block: KVBlock) -> None:
+        if block.partial is None:
+            return
+        kept = self.partial[block.partial[0]]
+        del kept[block.block_id]
+        if not kept:
+            del self.partial[block.partial[0]]
+        block.partial = None
+
     def reset_prefix_cache(self) -> None:
         """Forget every cached hash (e.g. after loading another model)."""
         for block in self.blocks:
             block.block_hash = None
+            block.partial = None
         self.cached.clear()
+        self.partial.clear()
 
 
 @dataclass
@@ -157,47 +209,63 @@ class KVCacheManager:
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVBlock], int]:
         """Blocks of the request's prompt already in the prefix cache, following the blocks it
-        holds, and their token count: a new request's cached prefix, or, for one part-way
-        through its prompt (at a block boundary), the blocks another request computed
-        meanwhile (several chats sharing a long prefix then compute it once, together).
+        holds, and their token count: a new request's cached prefix (its full blocks, then a
+        part-filled block an ended request left, when its tokens continue the prompt), or, for
+        one part-way through its prompt (at a block boundary), the full blocks another request
+        computed meanwhile (several chats sharing a long prefix then compute it once,
+        together).
 
         At least one token is always left to compute: its logits give the next token."""
         own = len(self.req_blocks.get(request.request_id, ()))
         if not self.enable_prefix_caching or request.num_computed_tokens != own * self.block_size:
             return [], 0
-        hits = self._cached_blocks_after(request, own)
+        hits, num_hit = self._cached_prefix(request, own)
         if own == 0:
             self.stats.queries += request.num_tokens
-        self.stats.hits += len(hits) * self.block_size
-        return hits, len(hits) * self.block_size
+        self.stats.hits += num_hit
+        return hits, num_hit
 
     def cached_prefix_tokens(self, request: Request) -> int:
         """Tokens of a new request's prompt the prefix cache holds now (what
         `get_computed_blocks` would give), without counting the lookup in the stats."""
         if not self.enable_prefix_caching or request.num_computed_tokens:
             return 0
-        return len(self._cached_blocks_after(request, 0)) * self.block_size
+        return self._cached_prefix(request, 0)[1]
 
-    def _cached_blocks_after(self, request: Request, own: int) -> list[KVBlock]:
-        """The cached blocks that continue the request's prompt after its first `own` blocks
-        (never its last token's block: that token's logits are needed)."""
+    def _cached_prefix(self, request: Request, own: int) -> tuple[list[KVBlock], int]:
+        """The cached blocks that continue the request's prompt after its first `own` blocks,
+        and their tokens (never its last token: that token's logits are needed). A kept
+        part-filled block only for a new request (`own` 0)."""
+        bs = self.block_size
         self._update_hashes(request, request.num_tokens)
         hits: list[KVBlock] = []
-        for block_hash in request.block_hashes[own:(request.num_tokens - 1) // self.block_size]:
+        for block_hash in request.block_hashes[own:(request.num_tokens - 1) // bs]:
             block = self.pool.get_cached_block(block_hash)
             if block is None:
                 break
             hits.append(block)
-        return hits
+        num_hit = len(hits) * bs
+        if own == 0:
+            parent = request.block_hashes[len(hits) - 1] if hits else root_key(request.cache_salt)
+            found = self.pool.find_partial(
+                parent, request.all_token_ids[num_hit:request.num_tokens - 1])
+            if found is not None:
+                hits.append(found[0])
+                num_hit += found[1]
+        return hits, num_hit
 
     def allocate_slots(
-        self, request: Request, num_new_tokens: int, new_computed_blocks: Sequence[KVBlock] = ()
+        self, request: Request, num_new_tokens: int, new_computed_blocks: Sequence[KVBlock] = (),
+        num_new_computed_tokens: int | None = None,
     ) -> bool:
         """Give the request blocks for `num_new_tokens` more tokens (after its computed ones and
-        the prefix hits in `new_computed_blocks`). Returns False, changing nothing, if the pool
-        cannot supply them."""
+        the prefix hits in `new_computed_blocks`, holding `num_new_computed_tokens`: as
+        `get_computed_blocks` gave them; full blocks by default). Returns False, changing
+        nothing, if the pool cannot supply them."""
+        if num_new_computed_tokens is None:
+            num_new_computed_tokens = len(new_computed_blocks) * self.block_size
         blocks = self.req_blocks.setdefault(request.request_id, [])
-        num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
+        num_computed = request.num_computed_tokens + num_new_computed_tokens
         total = num_computed + num_new_tokens
         need = -(-total // self.block_size) - len(blocks) - len(new_computed_blocks)
         # Hits sitting in the free queue stop being free once touched.
@@ -221,7 +289,15 @@ class KVCacheManager:
         return True
 
     def free(self, request: Request) -> None:
-        """Release all of a request's blocks (tail first)."""
+        """Release all of a request's blocks (tail first), keeping its part-filled last block
+        findable for a prompt that continues its tokens."""
         blocks = self.req_blocks.pop(request.request_id, [])
         self.num_hashed_blocks.pop(request.request_id, None)
         self.pool.free(list(reversed(blocks)))
+        full, rest = divmod(request.num_computed_tokens, self.block_size)
+        if self.enable_prefix_caching and rest and full < len(blocks):
+            self._update_hashes(request, request.num_computed_tokens)
+            parent = request.block_hashes[full - 1] if full else root_key(request.cache_salt)
+            start = full * self.block_size
+            self.pool.keep_partial(blocks[full], parent, tuple(
+                request.all_token_ids[start:request.num_computed_tokens]))

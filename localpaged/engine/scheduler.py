@@ -214,7 +214,7 @@ class Scheduler:
                 computed, num_cached = self.kv.get_computed_blocks(request)
             start = request.num_computed_tokens + num_cached
             num_new = min(request.num_tokens - start, limit)
-            if not self.kv.allocate_slots(request, num_new, computed):
+            if not self.kv.allocate_slots(request, num_new, computed, num_cached):
                 # Put it back at the front; the pool frees up as running requests finish.
                 self.waiting.appendleft(request)
                 break

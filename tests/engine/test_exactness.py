@@ -81,19 +81,22 @@ def test_preemption_gives_the_same_tokens(model_and_reference: tuple) -> None:
     check(outs, ref_tokens, ref_logprobs)
 
 
-def test_second_turn_computes_only_new_tokens(tiny_llama: Path) -> None:
+def test_follow_up_turns_compute_only_new_tokens(tiny_llama: Path) -> None:
+    """Each turn reuses every token of the history before it whose K/V was computed: full
+    blocks from the prefix cache, then the part-filled block the last turn left (taken over
+    and written on after its kept tokens), and its answer equals transformers'."""
     llm = LLM(str(tiny_llama), dtype="float32", block_size=16)
-    turn1 = prompts()[6]  # 48 tokens
-    out1 = llm.generate({"prompt_token_ids": turn1}, GREEDY)[0]
-    history = turn1 + out1.outputs[0].token_ids  # 58 tokens
-    turn2 = history + list(range(100, 120))
-    computed_before = llm.engine.stats().prompt_tokens_total
-    out2 = llm.generate({"prompt_token_ids": turn2}, GREEDY)[0]
-    computed = llm.engine.stats().prompt_tokens_total - computed_before
-    # Every full block of turn 1 (prompt and answer) is reused: 48 of 58 tokens here (the
-    # answer's last token was never fed back, so its block is not full).
-    assert out2.num_cached_tokens == 48
-    assert computed == len(turn2) - 48
+    turn = prompts()[6]  # 48 tokens
+    out = llm.generate({"prompt_token_ids": turn}, GREEDY)[0]
+    for new_tokens in (list(range(100, 120)), list(range(200, 205))):
+        history = turn + out.outputs[0].token_ids  # the answer's last token never fed back
+        turn = history + new_tokens
+        computed_before = llm.engine.stats().prompt_tokens_total
+        out = llm.generate({"prompt_token_ids": turn}, GREEDY)[0]
+        computed = llm.engine.stats().prompt_tokens_total - computed_before
+        assert out.num_cached_tokens == len(history) - 1  # 57, then 87: not 48 and 80
+        assert computed == len(turn) - (len(history) - 1)
+        assert out.outputs[0].token_ids == hf_greedy(tiny_llama, [turn])[0][0]
 
 
 def test_bad_input_raises_before_scheduling_and_engine_keeps_serving(tiny_llama: Path) -> None:

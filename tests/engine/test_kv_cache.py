@@ -26,6 +26,15 @@ def check_pool(pool: BlockPool, tables: dict[str, list]) -> None:
         assert (b.ref_cnt == 0) == (b.block_id in pool.free_queue)
     for h, b in pool.cached.items():
         assert b.block_hash == h
+    kept = [b for blocks in pool.partial.values() for b in blocks.values()]
+    assert len(kept) == len({b.block_id for b in kept})
+    for b in pool.blocks:
+        assert (b.partial is not None) == (b in kept)
+    for parent, blocks in pool.partial.items():
+        assert blocks  # no empty entries
+        for b in blocks.values():  # kept only while free, never beside a full block's hash
+            assert b.partial is not None and b.partial[0] == parent
+            assert b.ref_cnt == 0 and b.block_hash is None and b.partial[1]
 
 
 def test_hash_chain_depends_on_parent_and_tokens() -> None:
@@ -51,6 +60,49 @@ def test_prefix_hit_reuses_blocks_and_leaves_one_token_to_compute() -> None:
     assert kv.allocate_slots(c, 2, hits)
     assert kv.block_ids("c")[:2] == first_two
     check_pool(kv.pool, kv.req_blocks)
+
+
+def test_a_follow_up_takes_over_the_part_filled_block_its_history_left() -> None:
+    kv = KVCacheManager(num_blocks=8, block_size=4)
+    a = req("a", list(range(10)))  # 2 full blocks, then 2 tokens in a third
+    assert kv.allocate_slots(a, 10)
+    a.num_computed_tokens = 10
+    a_blocks = kv.block_ids("a")
+    kv.free(a)
+    check_pool(kv.pool, kv.req_blocks)
+    # The follow-up continues a's 10 tokens: 2 full blocks and 2 tokens of the third cached.
+    b = req("b", [*range(10), 50, 51, 52])
+    assert kv.cached_prefix_tokens(b) == 10
+    hits, n = kv.get_computed_blocks(b)
+    assert n == 10 and [h.block_id for h in hits] == a_blocks
+    assert kv.allocate_slots(b, 3, hits, n)
+    assert kv.block_ids("b") == [*a_blocks, kv.block_ids("b")[3]]
+    check_pool(kv.pool, kv.req_blocks)
+    # b holds the block and writes into it: nobody else may take it meanwhile.
+    c = req("c", [*range(10), 60])
+    hits, n = kv.get_computed_blocks(c)
+    assert n == 8 and [h.block_id for h in hits] == a_blocks[:2]
+    kv.free(b)  # b computed nothing: its blocks are freed, nothing is kept
+    assert not kv.pool.partial
+
+
+def test_a_prompt_that_parts_from_the_kept_tokens_takes_the_matching_ones() -> None:
+    kv = KVCacheManager(num_blocks=6, block_size=4)
+    a = req("a", [1, 2, 3, 4, 5, 6, 7])
+    assert kv.allocate_slots(a, 7)
+    a.num_computed_tokens = 7  # kept: [5, 6, 7] after the first block
+    kv.free(a)
+    b = req("b", [1, 2, 3, 4, 5, 6, 9, 9])
+    hits, n = kv.get_computed_blocks(b)
+    assert n == 6 and len(hits) == 2
+    # Never the prompt's last token (its logits are needed), and never a salted prompt's.
+    assert kv.cached_prefix_tokens(req("c", [1, 2, 3, 4, 5])) == 4
+    salted = Request("d", [1, 2, 3, 4, 5, 6, 7, 8], SamplingParams(), rope_offset=3)
+    assert kv.cached_prefix_tokens(salted) == 0
+    # Taken for anything else, the block is forgotten.
+    kv.pool.take_new_blocks(kv.num_free_blocks)
+    assert not kv.pool.partial
+    assert kv.cached_prefix_tokens(b) == 0
 
 
 def test_lru_evicts_least_recently_freed_and_tail_blocks_first() -> None:
@@ -113,7 +165,8 @@ def test_pool_invariants_under_random_operations(data: st.DataObject) -> None:
             r = req(f"r{step}", tokens)
             hits, n = kv.get_computed_blocks(r)
             assert n < r.num_tokens
-            if kv.allocate_slots(r, r.num_tokens - n, hits):
+            assert len(hits) == -(-n // bs)
+            if kv.allocate_slots(r, r.num_tokens - n, hits, n):
                 r.num_computed_tokens = r.num_tokens
                 live[r.request_id] = r
                 assert len(kv.req_blocks[r.request_id]) == -(-r.num_tokens // bs)
