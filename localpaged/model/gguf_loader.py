@@ -633,7 +633,7 @@ def read_gguf(path: str | Path) -> tuple[dict[str, Any], Iterator[tuple[str, tor
     return gguf_file.hf_config(), gguf_file.weights()
 
 
-TOKENIZER_CACHE_VERSION = 1
+TOKENIZER_CACHE_VERSION = 2  # 2: compact tokenizer.json
 
 
 def _tokenizer_key(path: Path) -> str:

@@ -24,7 +24,7 @@ HF_TOKENIZER_FILES = (
     "chat_template.jinja", "chat_template.json", "config.json", "tokenizer.model", "vocab.json",
     "merges.txt",
 )
-HF_TOKENIZER_CACHE_VERSION = 1
+HF_TOKENIZER_CACHE_VERSION = 2  # 2: compact tokenizer.json
 
 # (prefix, suffix, middle) token spellings, tried in order.
 FIM_STYLES = (

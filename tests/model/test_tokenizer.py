@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from localpaged.model.saved_tokenizer import SavedTokenizer
+from localpaged.model.saved_tokenizer import SavedTokenizer, compact_tokenizer_json
 from localpaged.model.tokenizer import FALLBACK_CHAT_TEMPLATE, Tokenizer
 
 CHAT = [
@@ -206,6 +206,9 @@ def test_hf_folder_loads_through_saved_tokenizer(hf_tokenizers, tmp_path: Path, 
     assert not isinstance(first.hf, SavedTokenizer) and len(list(hf_cache.iterdir())) == 1
     tok = Tokenizer.from_pretrained(folder)
     assert isinstance(tok.hf, SavedTokenizer)
+    (saved,) = hf_cache.iterdir()  # kept compact: merges as strings, what loads fastest
+    merges = json.loads((saved / "tokenizer.json").read_text(encoding="utf-8"))["model"]["merges"]
+    assert merges and all(isinstance(m, str) for m in merges)
     assert (tok.eos_token_ids, tok.bos_token_id, tok.adds_bos, tok.vocab_size, tok.chat_template,
             tok._fim) == (ref.eos_token_ids, ref.bos_token_id, ref.adds_bos, ref.vocab_size,
                           ref.chat_template, ref._fim)
@@ -228,6 +231,24 @@ def test_hf_folder_loads_through_saved_tokenizer(hf_tokenizers, tmp_path: Path, 
     assert tok.render_chat(messages) == ref.render_chat(messages)
     assert tok.apply_chat_template(messages) == ref.apply_chat_template(messages)
     assert type(tok.hf_full) is type(ref_hf)
+
+
+def test_compacting_keeps_merges_whose_parts_hold_a_space_as_pairs(tmp_path: Path) -> None:
+    """"a b" would split such a merge at the wrong space: those merges stay pairs, and the
+    compacted file tokenizes as the original."""
+    from tokenizers import Tokenizer as Backend
+    from tokenizers.models import BPE
+
+    vocab = {"a": 0, " ": 1, "b": 2, "a ": 3, "a b": 4, "ab": 5}
+    for merges in ([("a", " "), ("a ", "b")], [("a", "b")]):
+        path = tmp_path / "tokenizer.json"
+        Backend(BPE(vocab, merges)).save(str(path))
+        compact_tokenizer_json(path)
+        kept = json.loads(path.read_text(encoding="utf-8"))["model"]["merges"]
+        assert kept == ([list(m) for m in merges] if len(merges) == 2 else ["a b"])
+        for text in ("a b", "ab", "a a b"):
+            assert (Backend.from_file(str(path)).encode(text).ids
+                    == Backend(BPE(vocab, merges)).encode(text).ids)
 
 
 def test_hf_folder_without_tokenizer_json(hf_tokenizers, tmp_path: Path, hf_cache: Path) -> None:
