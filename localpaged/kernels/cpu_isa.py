@@ -9,7 +9,7 @@ from the CPU's feature flags, overridable with `LOCALPAGED_CPU_ISA` (never above
 | `avx512`     | AVX-512F/BW/DQ/VL (skylake-avx512)   | Skylake-SP/X                          |
 | `avx512vnni` | + AVX512-VNNI (`cascadelake`)        | Cascade Lake, Ice Lake, Tiger Lake    |
 | `avx512bf16` | + AVX512-BF16, VNNI (`cooperlake`)   | AMD Zen 4/5, Intel Cooper Lake        |
-| `amx`        | + AMX tiles (bf16)                   | Intel Sapphire Rapids and later       |
+| `amx`        | + AMX tiles (bf16, int8)             | Intel Sapphire Rapids and later       |
 
 The VNNI variants matter where activations are float32 (every CPU without native bf16):
 they round x to int8 per block and multiply with `vpdpbusd`, four products per int32 lane
@@ -40,7 +40,7 @@ REQUIRED_FLAGS: dict[str, tuple[str, ...]] = {
     "avx512": _AVX512,
     "avx512vnni": (*_AVX512, "avx512_vnni"),
     "avx512bf16": _AVX512BF16,
-    "amx": (*_AVX512BF16, "amx_tile", "amx_bf16"),
+    "amx": (*_AVX512BF16, "amx_tile", "amx_bf16", "amx_int8"),
 }
 _WIDE = ("-mprefer-vector-width=512",)  # GCC vectorizes 256 bits wide unless told otherwise
 _X86_FLAGS: dict[str, tuple[str, ...]] = {
@@ -50,7 +50,7 @@ _X86_FLAGS: dict[str, tuple[str, ...]] = {
     "avx512": ("-march=skylake-avx512", *_WIDE),
     "avx512vnni": ("-march=cascadelake", *_WIDE),
     "avx512bf16": ("-march=cooperlake", *_WIDE),
-    "amx": ("-march=cooperlake", "-mamx-tile", "-mamx-bf16", *_WIDE),
+    "amx": ("-march=cooperlake", "-mamx-tile", "-mamx-bf16", "-mamx-int8", *_WIDE),
 }
 
 

@@ -55,6 +55,7 @@ SIGNATURES: dict[str, tuple[list[type], type | None]] = {
     "gguf_q4k_pack_kq": ([_P, _I, _P, _I, _I, _P, _P, _P, _I], _I),
     "w4_bf16_quads": ([], _I),
     "w4_bf16_quads_amx_rows": ([], _I),
+    "q8_amx_rows": ([], _I),
     "w4q_vector": ([], _I),
     "w6_vector": ([], _I),
     "w4_pairs_to_quads": ([_P, _P, _L, _I, _I], None),

@@ -115,7 +115,7 @@ def test_int8_activation_loops_equal_the_plain_ones(cpu_variant: str, rows: int,
         assert (got.double() - exact).abs().max() <= 2**-18 * exact.abs().max()
 
 
-@pytest.mark.parametrize("rows", [1, 3, 4, 5, 8, 13, 17])
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 8, 13, 17, 33])
 @pytest.mark.parametrize(("block", "offsets", "half"), [(32, False, True), (32, False, False),
                                                    (16, False, False), (32, True, False),
                                                    (64, True, True)],
@@ -124,9 +124,11 @@ def test_q8_blocks_equal_the_int8_product(cpu_variant: str, rows: int, block: in
                                           offsets: bool, half: bool) -> None:
     """8-bit blocks (GGUF Q8_0, and the types converted to them) against the int8 scheme in
     float64, on the vector and the plain loops, and within int8 rounding of float32; a row's
-    product the same bits however many rows share its pass over a tile. float16 scales (Q8_0's
-    own) stay float16 in the tiles and give the float32 scales' product of the same values,
-    bit for bit."""
+    product the same bits however many rows share its pass over a tile (on AMX, 16-row passes
+    through `tdpbssd` from 16 rows on: 17 and 33 rows take one and two of them, the rest the
+    vector tiles). float16 scales (Q8_0's own) stay float16 in the tiles and give the float32
+    scales' product of the same values, bit for bit."""
+    assert (native.library().q8_amx_rows() == 16) == (cpu_variant == "amx")
     g = torch.Generator().manual_seed(rows)
     n, k = 48, 128
     codes = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)

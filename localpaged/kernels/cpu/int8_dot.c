@@ -1365,6 +1365,93 @@ static void q8_i8_tile512(const int8_t *wp, const float *sp, const float *op, co
 #undef I8_CASE
     }
 }
+
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__)
+#define I8_Q8_AMX 1
+#include "amx.h"
+/* From this many rows a pass of 16 rows over an 8-bit tile goes through AMX (`tdpbssd`), the
+ * rest of the rows through the VNNI tile. */
+#ifndef I8_Q8_AMX_MIN_ROWS
+#define I8_Q8_AMX_MIN_ROWS 16
+#endif
+
+/* Tiles for blocks of `bs` values (4 <= bs <= 64, bs % 4 == 0): 0 = C (16 rows x 16 int32),
+ * 1 = A (16 rows of x, one block of int8), 2 = B (bs / 4 rows of the tile's 16 columns, four
+ * codes of K a column: what i8_columns_512 gives). */
+static void q8_amx_configure(int bs) {
+    struct tile_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int c = 0; c < 2; c++) { /* two blocks at once: tiles 0-2 and 3-5 */
+        cfg.colsb[3 * c] = 64, cfg.rows[3 * c] = 16;
+        cfg.colsb[3 * c + 1] = (uint16_t)bs, cfg.rows[3 * c + 1] = 16;
+        cfg.colsb[3 * c + 2] = 64, cfg.rows[3 * c + 2] = (uint8_t)(bs / 4);
+    }
+    _tile_loadconfig(&cfg);
+}
+
+/* A weight tile's codes as B-tile rows (k / 4 rows of 64 bytes), made once for all the
+ * 16-row passes over it. */
+static void q8_amx_columns(const int8_t *wp, int8_t *bbuf, int k) {
+    for (int st = 0; st < k / 4; st++) {
+        I8_PREFETCH(wp + (size_t)st * 64);
+        _mm512_store_si512((__m512i *)(bbuf + (size_t)st * 64), i8_columns_512(wp + (size_t)st * 64));
+    }
+}
+
+/* 16 rows of int8 x against a tile's B rows: each block's exact int32 sums from `tdpbssd`
+ * (the same integers as the VNNI tile's after its 128 * isum correction), then the same
+ * float32 operations in the same order as q8_i8_tile512_n: a row's bits do not depend on
+ * which path took it. */
+static inline __attribute__((always_inline)) void q8_amx_block(
+    const int32_t *cbuf, const float *sp, const float *op, const float *dx, const float *xs,
+    __m512 *out, int blocks, int b) {
+    const __m512 s = _mm512_loadu_ps(sp + (size_t)b * I8_TILE);
+#pragma GCC unroll 16
+    for (int m = 0; m < 16; m++) {
+        const __m512 d = _mm512_set1_ps(dx[(size_t)m * blocks + b]);
+        const __m512i exact = _mm512_load_si512((const __m512i *)(cbuf + m * I8_TILE));
+        out[m] = _mm512_fmadd_ps(_mm512_mul_ps(s, d), _mm512_cvtepi32_ps(exact), out[m]);
+    }
+    if (op != NULL) {
+        const __m512 o = _mm512_loadu_ps(op + (size_t)b * I8_TILE);
+        for (int m = 0; m < 16; m++)
+            out[m] = _mm512_fmadd_ps(o, _mm512_set1_ps(xs[(size_t)m * blocks + b]), out[m]);
+    }
+}
+
+static void q8_amx_rows16(const int8_t *bbuf, const float *sp, const float *op, const int8_t *xq,
+                          const float *dx, const float *xs, float *acc, int k, int bs) {
+    const int blocks = k / bs;
+    _Alignas(64) int32_t cbuf[2][16 * I8_TILE];
+    __m512 out[16];
+    for (int m = 0; m < 16; m++) out[m] = _mm512_setzero_ps();
+    int b = 0;
+    for (; b + 2 <= blocks; b += 2) { /* two independent products in flight */
+        _tile_zero(0);
+        _tile_zero(3);
+        _tile_loadd(1, xq + (size_t)b * bs, k);
+        _tile_loadd(2, bbuf + (size_t)b * bs * I8_TILE, 64);
+        _tile_loadd(4, xq + (size_t)(b + 1) * bs, k);
+        _tile_loadd(5, bbuf + (size_t)(b + 1) * bs * I8_TILE, 64);
+        _tile_dpbssd(0, 1, 2);
+        _tile_dpbssd(3, 4, 5);
+        _tile_stored(0, cbuf[0], 64);
+        _tile_stored(3, cbuf[1], 64);
+        q8_amx_block(cbuf[0], sp, op, dx, xs, out, blocks, b);
+        q8_amx_block(cbuf[1], sp, op, dx, xs, out, blocks, b + 1);
+    }
+    for (; b < blocks; b++) {
+        _tile_zero(0);
+        _tile_loadd(1, xq + (size_t)b * bs, k);
+        _tile_loadd(2, bbuf + (size_t)b * bs * I8_TILE, 64);
+        _tile_dpbssd(0, 1, 2);
+        _tile_stored(0, cbuf[0], 64);
+        q8_amx_block(cbuf[0], sp, op, dx, xs, out, blocks, b);
+    }
+    for (int m = 0; m < 16; m++) _mm512_storeu_ps(acc + m * I8_TILE, out[m]);
+}
+#endif
 #endif
 
 /* Pairs [p0, p1) of code rows against four rows of x (16-bit pairs, rows k / 2 apart), their
@@ -2004,10 +2091,27 @@ static int q8_gemm_i8(const void *x, const int8_t *codes, const void *scales, in
 #else
     const int pass = I8_ROWS;
 #endif
+#ifdef I8_Q8_AMX
+    /* 16-row passes through AMX; each thread makes a tile's B rows once for all of them */
+    const int amx = wide && m_rows >= I8_Q8_AMX_MIN_ROWS && bs <= 64 && amx_allowed();
+    int8_t *bbufs = amx ? aligned_alloc(64, (size_t)k * I8_TILE * threads) : NULL;
+    if (amx && bbufs == NULL) {
+        free(xq);
+        free(x16);
+        free(dx);
+        free(xs);
+        free(isum);
+        return -1;
+    }
+#endif
     struct work_split split;
     work_split_init(&split, tiles, threads);
 #pragma omp parallel num_threads(threads)
     {
+#ifdef I8_Q8_AMX
+        int8_t *bbuf = amx ? bbufs + (size_t)k * I8_TILE * omp_get_thread_num() : NULL;
+        if (amx) q8_amx_configure(bs);
+#endif
         int t0, t1;
         while (work_split_take(&split, omp_get_thread_num(), &t0, &t1))
         for (int t = t0; t < t1; t++) {
@@ -2022,8 +2126,23 @@ static int q8_gemm_i8(const void *x, const int8_t *codes, const void *scales, in
                 sp = widened;
             }
             const float *op = offsets != NULL ? offsets + (size_t)t * blocks * I8_TILE : NULL;
+            int first = 0; /* the first row the vector tiles take */
+#ifdef I8_Q8_AMX
+            float acc[16 * I8_TILE];
+            if (amx) {
+                q8_amx_columns(wp, bbuf, k);
+                for (; first + 16 <= m_rows; first += 16) {
+                    q8_amx_rows16(bbuf, sp, op, xq + (size_t)first * k, dx + (size_t)first * blocks,
+                                  xs + (size_t)first * blocks, acc, k, bs);
+                    for (int m = 0; m < 16; m++)
+                        store_tile_row(y, y_bf16, (size_t)(first + m) * n + (size_t)t * I8_TILE,
+                                       acc + m * I8_TILE);
+                }
+            }
+#else
             float acc[I8_MAX_ROWS * I8_TILE];
-            for (int m0 = 0; m0 < m_rows; m0 += pass) {
+#endif
+            for (int m0 = first; m0 < m_rows; m0 += pass) {
                 const int rows = m_rows - m0 < pass ? m_rows - m0 : pass;
                 const float *dm = dx + (size_t)m0 * blocks, *sm = xs + (size_t)m0 * blocks;
 #ifdef I8_Q8_VNNI
@@ -2047,6 +2166,9 @@ static int q8_gemm_i8(const void *x, const int8_t *codes, const void *scales, in
                                    acc + m * I8_TILE);
             }
         }
+#ifdef I8_Q8_AMX
+        if (amx) _tile_release();
+#endif
     }
     free(xq);
     free(x16);
@@ -2055,7 +2177,20 @@ static int q8_gemm_i8(const void *x, const int8_t *codes, const void *scales, in
 #ifdef I8_Q8_VNNI
     free(isum);
 #endif
+#ifdef I8_Q8_AMX
+    free(bbufs);
+#endif
     return 0;
+}
+
+/* The least row count whose 8-bit product takes AMX in 16-row passes (0: never, in this build
+ * or process), for the tests. */
+int q8_amx_rows(void) {
+#ifdef I8_Q8_AMX
+    return amx_allowed() ? I8_Q8_AMX_MIN_ROWS : 0;
+#else
+    return 0;
+#endif
 }
 
 int q8_gemm_f32(const float *x, const int8_t *codes, const void *scales, int half,

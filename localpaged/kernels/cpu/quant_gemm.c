@@ -236,23 +236,8 @@ static int w4_gemm_rows_f32(const float *x, const uint8_t *packed, const uint16_
 /* Below this many rows AMX gains nothing on the unpacking, and AVX512-BF16 reads the weight
  * with fewer steps (measured on SmolLM2's shapes). */
 #define AMX_MIN_ROWS 3
-#include <sys/syscall.h>
-#include <unistd.h>
+#include "amx.h"
 #include "omp_compat.h"
-
-/* Linux hands out AMX state only on request, once per process. */
-static int amx_allowed(void) {
-    static int state = -1; /* -1 unknown; racing threads compute the same answer */
-    if (state < 0) state = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */,
-                                   18 /* XFEATURE_XTILEDATA */) == 0;
-    return state;
-}
-
-struct tile_config {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-};
 
 /* Tiles: 0 = C (16 rows x 16 float32), 1 = A (16 rows of x, 32 bf16),
  * 2 = B (16 pairs of K x 16 columns, bf16 pairs: the unpacked weight). */
