@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from localpaged.engine.request import Request
 
 BlockHash = bytes
+MAX_KEPT_PER_PARENT = 8  # part-filled blocks kept under one parent hash (see keep_partial)
 
 
 def hash_block(parent: BlockHash | None, token_ids: Sequence[int], extra: bytes = b"") -> BlockHash:
@@ -130,8 +131,12 @@ class BlockPool:
         if not self.enable_caching or block.ref_cnt or not tokens:
             return
         self._forget_partial(block)
+        kept = self.partial.setdefault(parent, {})
+        if len(kept) >= MAX_KEPT_PER_PARENT:  # many short prompts end under one parent:
+            self._forget_partial(next(iter(kept.values())))  # lookups stay short (oldest out)
+            kept = self.partial.setdefault(parent, {})
         block.partial = (parent, tokens)
-        self.partial.setdefault(parent, {})[block.block_id] = block
+        kept[block.block_id] = block
 
     def find_partial(self, parent: BlockHash, tokens: Sequence[int]) -> tuple[KVBlock, int] | None:
         """The kept block under `parent` whose tokens begin `tokens` the longest way, and how

@@ -170,7 +170,8 @@ def save_tokenizer(tok: Any, folder: Path) -> None:
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
         tok.save_pretrained(str(tmp))
-        compact_tokenizer_json(tmp / "tokenizer.json")
+        if (tmp / "tokenizer.json").is_file():
+            compact_tokenizer_json(tmp / "tokenizer.json")
         os.replace(tmp, folder)
         _keep_recent(folder.parent, TOKENIZER_CACHE_KEEP)
     except OSError:

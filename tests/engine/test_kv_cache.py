@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from localpaged.engine.kv_cache import BlockPool, KVCacheManager, hash_block
+from localpaged.engine.kv_cache import MAX_KEPT_PER_PARENT, BlockPool, KVCacheManager, hash_block
 from localpaged.engine.request import Request, SamplingParams
 
 
@@ -103,6 +103,23 @@ def test_a_prompt_that_parts_from_the_kept_tokens_takes_the_matching_ones() -> N
     kv.pool.take_new_blocks(kv.num_free_blocks)
     assert not kv.pool.partial
     assert kv.cached_prefix_tokens(b) == 0
+
+
+def test_few_part_filled_blocks_are_kept_under_one_parent() -> None:
+    """Short prompts all end under the root: the oldest kept ones are let go, so a lookup
+    never scans many (they stay free blocks, only no longer findable)."""
+    kv = KVCacheManager(num_blocks=MAX_KEPT_PER_PARENT + 4, block_size=4)
+    for i in range(MAX_KEPT_PER_PARENT + 2):
+        r = req(f"r{i}", [100 + i, 1])
+        assert kv.allocate_slots(r, 2)
+        r.num_computed_tokens = 2
+        kv.free(r)
+    (kept,) = kv.pool.partial.values()
+    assert len(kept) == MAX_KEPT_PER_PARENT
+    check_pool(kv.pool, kv.req_blocks)
+    assert kv.cached_prefix_tokens(req("old", [100, 1, 7])) == 0
+    newest = MAX_KEPT_PER_PARENT + 1
+    assert kv.cached_prefix_tokens(req("new", [100 + newest, 1, 7])) == 2
 
 
 def test_lru_evicts_least_recently_freed_and_tail_blocks_first() -> None:
