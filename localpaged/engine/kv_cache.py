@@ -131,12 +131,11 @@ class BlockPool:
         if not self.enable_caching or block.ref_cnt or not tokens:
             return
         self._forget_partial(block)
-        kept = self.partial.setdefault(parent, {})
+        kept = self.partial.get(parent, {})
         if len(kept) >= MAX_KEPT_PER_PARENT:  # many short prompts end under one parent:
             self._forget_partial(next(iter(kept.values())))  # lookups stay short (oldest out)
-            kept = self.partial.setdefault(parent, {})
         block.partial = (parent, tokens)
-        kept[block.block_id] = block
+        self.partial.setdefault(parent, {})[block.block_id] = block
 
     def find_partial(self, parent: BlockHash, tokens: Sequence[int]) -> tuple[KVBlock, int] | None:
         """The kept block under `parent` whose tokens begin `tokens` the longest way, and how
@@ -251,9 +250,8 @@ class KVCacheManager:
             hits.append(block)
         num_hit = len(hits) * bs
         if own == 0:
-            parent = request.block_hashes[len(hits) - 1] if hits else root_key(request.cache_salt)
-            found = self.pool.find_partial(
-                parent, request.all_token_ids[num_hit:request.num_tokens - 1])
+            found = self.pool.find_partial(self._parent_key(request, len(hits)),
+                                           request.all_token_ids[num_hit:request.num_tokens - 1])
             if found is not None:
                 hits.append(found[0])
                 num_hit += found[1]
@@ -302,7 +300,12 @@ class KVCacheManager:
         full, rest = divmod(request.num_computed_tokens, self.block_size)
         if self.enable_prefix_caching and rest and full < len(blocks):
             self._update_hashes(request, request.num_computed_tokens)
-            parent = request.block_hashes[full - 1] if full else root_key(request.cache_salt)
             start = full * self.block_size
-            self.pool.keep_partial(blocks[full], parent, tuple(
+            self.pool.keep_partial(blocks[full], self._parent_key(request, full), tuple(
                 request.all_token_ids[start:request.num_computed_tokens]))
+
+    @staticmethod
+    def _parent_key(request: Request, full: int) -> BlockHash:
+        """What a part-filled block after the request's first `full` blocks is kept under:
+        the last of their hashes, or the root key of the request's salt."""
+        return request.block_hashes[full - 1] if full else root_key(request.cache_salt)
