@@ -38,8 +38,13 @@ def engine_args(args: argparse.Namespace) -> dict[str, Any]:
     return {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
 
 
-def server_running(port: int, host: str = LOCALHOST, timeout: float = 0.5) -> bool:
-    """Whether a localpaged server answers on host:port (its public /api/version)."""
+def server_running(port: int, host: str = LOCALHOST, connect_timeout: float = 0.5,
+                   answer_timeout: float = 5.0) -> bool:
+    """Whether a localpaged server answers on host:port (its public /api/version). Nothing
+    listening is known at once; a server that took the connection gets `answer_timeout` to
+    answer (one busy loading or generating on a loaded machine can take seconds, and taking it
+    for absent would start a second engine with a second copy of the model)."""
+    timeout = httpx.Timeout(answer_timeout, connect=connect_timeout)
     try:
         resp = httpx.get(f"http://{host}:{port}/api/version", timeout=timeout)
     except httpx.HTTPError:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import http.server
 import socket
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -121,6 +123,40 @@ async def test_remote_server_down(tmp_path: Path) -> None:
         answer = view.session.messages[-1]
         assert answer.status == "error" and "ConnectError" in answer.content
         assert view.prompt.disabled is False  # the tab stays usable
+
+
+class _SlowVersionHandler(http.server.BaseHTTPRequestHandler):
+    """Answers /api/version as localpaged does, after `delay` seconds (a busy server)."""
+
+    delay = 1.0
+
+    def do_GET(self) -> None:
+        time.sleep(self.delay)
+        body = b'{"version": "0.1.0"}'
+        self.send_response(200 if self.path == "/api/version" else 404)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_busy_server_is_still_found() -> None:
+    """A server slow to answer (loading, or generating on a loaded machine) is attached to,
+    not taken for absent; one that takes the connection but never answers is given up on."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _SlowVersionHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    try:
+        assert chat_launcher.server_running(port)  # answers after 1 s
+        start = time.perf_counter()
+        assert not chat_launcher.server_running(port, answer_timeout=0.3)
+        assert time.perf_counter() - start < 0.9
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_launcher_helpers(openai_stub, tmp_path: Path) -> None:
