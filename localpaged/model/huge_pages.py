@@ -8,6 +8,12 @@ in transparent huge pages). Linux gives anonymous memory huge pages where asked
 (`madvise(MADV_HUGEPAGE)`, the default "madvise" mode of transparent_hugepage); elsewhere, or
 where they are off, the weights stay where they are.
 
+Only weights move: a model's derived tables (buffers registered non-persistent: the rotary
+table, float32 for every position of the context, 32 MiB for Llama-3.2's 131072) are read a
+row per position, where huge pages buy nothing, and moved they would be resident whole where
+left in place (mapped from the packed-weights file) only the rows of positions used are (a
+1B Q8_0 model's process at 1.39 GiB after the move, 1.36 without the table's).
+
 The move copies one storage at a time and lets its source go right after (a packed tensor is
 freed, a file-mapped one's pages dropped from the process), so the peak is the weights and a
 step's worth, not twice the weights. The engine moves them while it is idle (`WeightMover`);
@@ -72,9 +78,11 @@ class WeightMover:
         # together, as views of its one copy.
         self._holders: dict[int, list[tuple[dict, str, torch.Tensor]]] = {}
         for module in model.modules():
+            derived = module._non_persistent_buffers_set
             for store in (module._buffers, module._parameters):
                 for name, t in store.items():
                     if (t is not None and t.device.type == "cpu"
+                            and not (store is module._buffers and name in derived)
                             and t.untyped_storage().nbytes() >= SMALLEST):
                         key = t.untyped_storage().data_ptr()
                         self._holders.setdefault(key, []).append((store, name, t))

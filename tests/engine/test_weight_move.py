@@ -26,9 +26,10 @@ GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 
 
 def _in_one_block(model: torch.nn.Module) -> bool:
-    """Whether the model's large storages lie in one block of their summed size (+ 2 MiB)."""
+    """Whether the model's large weights (its state dict: not derived tables such as the
+    rotary one) lie in one block of their summed size (+ 2 MiB)."""
     storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
-                for t in [*model.parameters(), *model.buffers()]
+                for t in model.state_dict().values()
                 if t.untyped_storage().nbytes() >= huge_pages.SMALLEST}
     lo, hi = min(storages), max(p + n for p, n in storages.items())
     return hi - lo <= sum(-(-n // 4096) * 4096 for n in storages.values()) + huge_pages.HUGE_PAGE

@@ -28,6 +28,8 @@ class _Tiny(nn.Module):
         self.register_buffer("codes", torch.randint(0, 255, (3, 40000), dtype=torch.uint8))
         self.register_buffer("wide", torch.randn(1 << 20))  # 4 MiB: whole huge pages
         self.register_buffer("small", torch.ones(8))  # stays where it is
+        # a derived table (as the rotary one): not a weight, stays where it is
+        self.register_buffer("table", torch.randn(1 << 18), persistent=False)
 
 
 def _smaps_kib(address: int, field: str) -> int:
@@ -55,12 +57,13 @@ def _move(model: nn.Module, drop_sources: bool = False) -> int:
 def test_values_and_sharing_are_kept() -> None:
     model = _Tiny()
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    small = model.small
+    small, table = model.small, model.table
     moved = _move(model)
     assert moved >= (1 << 20) + 2 * 65536 * 4 + 120000 + (4 << 20)
     for k, v in model.state_dict().items():
         assert torch.equal(v, before[k]), k
     assert model.small is small  # below the size limit: untouched
+    assert model.table is table  # a derived table: untouched
     assert model.b.weight is model.a.weight and isinstance(model.a.weight, nn.Parameter)
     assert not model.a.weight.requires_grad
     assert model.first.untyped_storage().data_ptr() == model.second.untyped_storage().data_ptr()
