@@ -131,11 +131,11 @@ class BlockPool:
         if not self.enable_caching or block.ref_cnt or not tokens:
             return
         self._forget_partial(block)
-        kept = self.partial.get(parent, {})
+        kept = self.partial.setdefault(parent, {})
         if len(kept) >= MAX_KEPT_PER_PARENT:  # many short prompts end under one parent:
             self._forget_partial(next(iter(kept.values())))  # lookups stay short (oldest out)
         block.partial = (parent, tokens)
-        self.partial.setdefault(parent, {})[block.block_id] = block
+        kept[block.block_id] = block
 
     def find_partial(self, parent: BlockHash, tokens: Sequence[int]) -> tuple[KVBlock, int] | None:
         """The kept block under `parent` whose tokens begin `tokens` the longest way, and how
