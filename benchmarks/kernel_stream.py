@@ -77,8 +77,12 @@ def read_library() -> ctypes.CDLL:
     """The plain read loop, compiled for this CPU."""
     folder = Path(tempfile.mkdtemp(prefix="kernel-stream-"))
     (folder / "read.c").write_text("#include <omp.h>\n" + READ_LOOP)
-    subprocess.run(["cc", "-O2", "-march=native", "-fopenmp", "-shared", "-fPIC",
-                    str(folder / "read.c"), "-o", str(folder / "read.so")], check=True)
+    try:
+        subprocess.run(["cc", "-O2", "-march=native", "-fopenmp", "-shared", "-fPIC",
+                        str(folder / "read.c"), "-o", str(folder / "read.so")], check=True)
+    except (OSError, subprocess.CalledProcessError) as e:
+        sys.exit(f"the plain read loop needs a C compiler with OpenMP as `cc` ({e}): "
+                 "install gcc (e.g. `apt install gcc`) and run again")
     lib = ctypes.CDLL(str(folder / "read.so"))
     lib.read_all.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     lib.read_all.restype = ctypes.c_uint64
