@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import mmap
 import subprocess
 import sys
 import tempfile
@@ -31,9 +30,9 @@ sys.path.insert(0, str(HERE))
 from cpu_class import describe_cpu, memory_bandwidth_gbs  # noqa: E402
 
 from localpaged.kernels import cpu_isa, native  # noqa: E402
+from localpaged.model.huge_pages import huge_page_mapping  # noqa: E402
 from localpaged.quant import cpu_w6  # noqa: E402
 
-HUGE_PAGE = 2 << 20
 N, K = 8192, 2048  # the gate/up projection of a 1.7B model: one call's matrix
 
 READ_LOOP = r"""
@@ -63,16 +62,6 @@ uint64_t read_all(const uint64_t *p, size_t n, int ahead) {
 """
 
 
-def huge_buffer(nbytes: int) -> tuple[mmap.mmap, int]:
-    """An anonymous mapping of `nbytes` from a 2 MiB boundary, advised into huge pages, and
-    that boundary's offset in it."""
-    buf = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    at = (-ctypes.addressof(ctypes.c_char.from_buffer(buf))) % HUGE_PAGE
-    if hasattr(mmap, "MADV_HUGEPAGE"):
-        buf.madvise(mmap.MADV_HUGEPAGE, at, nbytes)
-    return buf, at
-
-
 def read_library() -> ctypes.CDLL:
     """The plain read loop, compiled for this CPU."""
     folder = Path(tempfile.mkdtemp(prefix="kernel-stream-"))
@@ -92,7 +81,7 @@ def read_library() -> ctypes.CDLL:
 def plain_read_gbs(nbytes: int, repeats: int) -> tuple[float, float]:
     """GB/s of the plain read over `nbytes` in huge pages: (no prefetch, 1 KiB ahead)."""
     lib = read_library()
-    buf, at = huge_buffer(nbytes)
+    buf, at = huge_page_mapping(nbytes)
     memory = torch.frombuffer(memoryview(buf)[at:at + nbytes], dtype=torch.uint8)
     memory.fill_(1)
     address = memory.data_ptr()
@@ -109,10 +98,10 @@ def plain_read_gbs(nbytes: int, repeats: int) -> tuple[float, float]:
 
 
 class Form:
-    """One weight form's matrices, `count` of them side by side in huge pages."""
+    """One weight form's matrices, as many as make about `nbytes`, side by side in huge pages."""
 
-    def __init__(self, name: str, six: bool, count: int) -> None:
-        self.name, self.six = name, six
+    def __init__(self, six: bool, nbytes: int) -> None:
+        self.six = six
         self.zero_point, self.group_size = (32, 16) if six else (cpu_w6.KQ, 32)
         tiles = N // 16
         sizes = [tiles * K // 4 * 32]  # packed
@@ -120,8 +109,8 @@ class Form:
         sizes.append(tiles * K // 16 * 16 * 2 if six else tiles * K // 256 * cpu_w6.KQ_RECORD * 2)
         self.sizes = sizes
         self.per = -(-sum(sizes) // 4096) * 4096
-        self.count = count
-        self.buf, at = huge_buffer(self.per * count)
+        self.count = count = max(1, round(nbytes / sum(sizes)))
+        self.buf, at = huge_page_mapping(self.per * count)
         whole = torch.frombuffer(memoryview(self.buf)[at:at + self.per * count], dtype=torch.uint8)
         g = torch.Generator().manual_seed(0)
         whole.copy_(torch.randint(0, 256, (whole.numel(),), dtype=torch.uint8, generator=g))
@@ -135,7 +124,6 @@ class Form:
             self.mats.append((packed.view(tiles, K // 4, 32),
                               None if high is None else high.view(tiles, K // 8, 32),
                               sb.view(torch.float16)))
-        self.whole = whole
 
     def _sane_scales(self, sb: torch.Tensor, g: torch.Generator) -> None:
         """Normal float16 scales (random bits would give NaNs and subnormals) and, for super-
@@ -191,9 +179,7 @@ def main() -> None:
     print("| form | variant | GB/s | share of the plain read | share of the triad |")
     print("|---|---|---|---|---|")
     for name, six in (("Q4_K (4-bit, super-block scales)", False), ("Q6_K (6-bit, group scales)", True)):
-        probe = Form(name, six, 1)
-        form = Form(name, six, max(1, round(nbytes / probe.nbytes)))
-        del probe
+        form = Form(six, nbytes)
         for isa in isas:
             rate = form.gbs(isa, args.repeats)
             print(f"| {name} | {isa} | {rate:.1f} | {rate / read:.2f} | {rate / triad:.2f} |",

@@ -48,6 +48,16 @@ def available() -> bool:
         return False
 
 
+def huge_page_mapping(nbytes: int) -> tuple[mmap.mmap, int]:
+    """An anonymous mapping with `nbytes` from a 2 MiB boundary on, asked for huge pages, and
+    that boundary's offset in it (ordinary pages where the platform has no such advice)."""
+    mapping = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    at = (-ctypes.addressof(ctypes.c_char.from_buffer(mapping))) % HUGE_PAGE
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        mapping.madvise(mmap.MADV_HUGEPAGE, at, nbytes)
+    return mapping, at
+
+
 def _madvise(address: int, length: int, advice: int) -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
@@ -100,10 +110,7 @@ class WeightMover:
         # An anonymous mapping, each storage on a slice of it (a storage of its own:
         # torch.save, of the packed-weights cache, takes storages of one type each); the
         # slices keep the mapping alive while any tensor is.
-        arena = mmap.mmap(-1, self.total + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        address = ctypes.addressof(ctypes.c_char.from_buffer(arena))
-        self._at = (-address) % HUGE_PAGE  # from a 2 MiB boundary
-        arena.madvise(mmap.MADV_HUGEPAGE, self._at, self.total)
+        arena, self._at = huge_page_mapping(self.total)
         return memoryview(arena)
 
     def step(self, budget: int = STEP_BYTES) -> int:
