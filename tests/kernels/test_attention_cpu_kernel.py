@@ -149,7 +149,7 @@ def test_prompt_chunk_rows_equal_plain_attention(heads, kv_heads, dim, bs, dtype
 @pytest.mark.parametrize(("heads", "kv_heads", "dim", "bs"), [(8, 8, 64, 16), (8, 2, 128, 16)])
 def test_long_decode_rows_in_stretches_equal_plain_attention(heads, kv_heads, dim, bs, dtype,
                                                              cache_dtype, cpu_variant) -> None:
-    """Decode rows whose contexts the kernel cuts into stretches of 128 keys, shared by the
+    """Decode rows whose contexts the kernel cuts into stretches (64 keys or more), shared by the
     threads and joined after (lengths of one stretch, of several, and one past a whole
     stretch), equal plain attention; a row gives the same bits alone as beside the others,
     and alone on 1 to 8 threads (few stretches are cut by KV heads too, as many as the

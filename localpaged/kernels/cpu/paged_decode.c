@@ -165,8 +165,17 @@ static inline float as_f32(float v) { return v; }
 /* Values per weighted sum of the grouped rows (float32 cache): their sums stay in registers
  * across them (a prompt chunk's attention 1-6% faster than at 16 at a time, Zen 3). */
 #define PD_PV_KEYS 64
-#define PD_SEG_KEYS 128 /* keys of a decode row's stretch (PD_SEG), rounded up to blocks */
-#define PD_UNITS_PER_THREAD 8 /* decode rows' units (stretch x KV heads) wanted per thread */
+/* Keys of a decode row's stretch (PD_SEG), rounded up to blocks: PD_SEG_KEYS, or as many as
+ * take PD_SEG_BYTES of keys where that is more. With 64, one chat of SmolLM2-1.7B (4 KiB of
+ * keys a token) at 350 tokens has six for two threads (128 left one thread a third of the
+ * work more); SmolLM2-135M's stretches (384 bytes a token) stay at 128, where 32 chats ran
+ * 10% slower at 64 (each stretch's fixed work twice as often). */
+#define PD_SEG_KEYS 64
+#define PD_SEG_BYTES (48 << 10)
+/* Decode rows' units (stretch x KV heads) wanted per thread: where the stretches are fewer, each
+ * is cut by KV heads too. More units cut a token's row (all heads, side by side) into more
+ * pieces, each read apart; one stretch a thread kept a 1.7B model's attention 20% faster. */
+#define PD_UNITS_PER_THREAD 1
 
 /* Asks for the `bytes` bytes from `p` to be brought into the cache (L2), a line at a time. */
 static inline void pd_prefetch_span(const void *p, size_t bytes) {
@@ -177,14 +186,20 @@ static inline void pd_prefetch_span(const void *p, size_t bytes) {
 #endif
 }
 
-/* The block of `cache` holding key b0 of a context read up to t1, the next block (if any)
- * asked for meanwhile: of each of its tokens' rows (`row_bytes`, every head) the `head_bytes`
- * from `head_at` that the reader's heads take (the whole block where they are every head). */
+/* Blocks read in a burst of software prefetches ahead of their turn, at most (their heads' part):
+ * a small block's rows are read before the hardware prefetchers find them (SmolLM2-135M: 6 KiB,
+ * 32 chats at 350 tokens 15% faster with), while a large one's burst held back the reads it
+ * waited for (SmolLM2-1.7B: 64 KiB, one chat's attention 25% faster without). */
+#define PD_PREFETCH_BLOCK_MAX (16 << 10)
+
+/* The block of `cache` holding key b0 of a context read up to t1, the next block (if any, and
+ * small) asked for meanwhile: of each of its tokens' rows (`row_bytes`, every head) the
+ * `head_bytes` from `head_at` that the reader's heads take. */
 static inline const void *pd_block(const void *cache, const int32_t *table, int b0, int t1,
                                    int block_size, size_t row_bytes, size_t head_at,
                                    size_t head_bytes) {
     const size_t block_bytes = (size_t)block_size * row_bytes;
-    if (b0 + block_size < t1) {
+    if (b0 + block_size < t1 && (size_t)block_size * head_bytes <= PD_PREFETCH_BLOCK_MAX) {
         const char *next = (const char *)cache + (size_t)table[b0 / block_size + 1] * block_bytes;
         if (head_bytes == row_bytes)
             pd_prefetch_span(next, block_bytes);
@@ -326,6 +341,29 @@ static inline __m256 pd_dot8_bf16(const uint16_t *q, const uint16_t *k, size_t k
             w[i] = _mm512_dpbf16_ps(w[i], qv, (__m512bh)_mm512_loadu_si512(k + i * k_stride + d));
     }
     return pd_sum8_512(w);
+}
+#endif
+
+/* Eight keys' scores (k + i * k_stride, i < 8) for one query row, scaled, in each element type's
+ * way: PD_KEYS8 of paged_decode_body.h (qf: the float32 query row, scaled already; q: the row as
+ * the model has it). */
+#ifdef PD_AVX512BF16
+static inline __m256 pd_keys8_bf16(const float *qf, const uint16_t *q, const uint16_t *k,
+                                   size_t k_stride, int dim, float scale) {
+    (void)qf;
+    return _mm256_mul_ps(pd_dot8_bf16(q, k, k_stride, dim), _mm256_set1_ps(scale));
+}
+#endif
+#ifdef PD_HAVE_DOT8
+static inline __m256 pd_keys8_f32(const float *qf, const float *q, const float *k,
+                                  size_t k_stride, int dim, float scale) {
+    (void)q, (void)scale;
+    return pd_dot8(qf, k, k_stride, dim);
+}
+static inline __m256 pd_keys8_f16(const float *qf, const float *q, const uint16_t *k,
+                                  size_t k_stride, int dim, float scale) {
+    (void)q, (void)scale;
+    return pd_dot8_f16(qf, k, k_stride, dim);
 }
 #endif
 
@@ -558,7 +596,8 @@ static inline const float *pd_value_row_f16(const uint16_t *vp, int dim, float *
 #define PD_STORE f32_to_bf16
 #define PD_DOT dot_scaled_bf16
 #ifdef PD_AVX512BF16
-#define PD_DOT8_BF16 1
+#define PD_KEYS8 pd_keys8_bf16
+#define PD_KEYS8_OK(dim) ((dim) % 32 == 0)
 #endif
 #define PD_NAME paged_decode_bf16
 #define PD_ROWS paged_rows_bf16
@@ -576,7 +615,8 @@ static inline const float *pd_value_row_f16(const uint16_t *vp, int dim, float *
 #define PD_STORE as_f32
 #define PD_DOT dot_scaled_f32
 #ifdef PD_HAVE_DOT8
-#define PD_DOT8 pd_dot8
+#define PD_KEYS8 pd_keys8_f32
+#define PD_KEYS8_OK(dim) ((dim) % 8 == 0)
 #endif
 #define PD_NAME paged_decode_f32
 #define PD_ROWS paged_rows_f32
@@ -594,7 +634,8 @@ static inline const float *pd_value_row_f16(const uint16_t *vp, int dim, float *
 #define PD_STORE as_f32
 #define PD_DOT dot_scaled_f16
 #ifdef PD_HAVE_DOT8
-#define PD_DOT8 pd_dot8_f16
+#define PD_KEYS8 pd_keys8_f16
+#define PD_KEYS8_OK(dim) ((dim) % 8 == 0)
 #endif
 #define PD_NAME paged_decode_f32h
 #define PD_ROWS paged_rows_f32h
