@@ -156,9 +156,14 @@ class CpuDecodePlan:
     def __init__(self, model: Any, layers: list[_Layer],
                  experts: list[Any] | None = None) -> None:
         c = model.config
-        self.layers = layers
+        # The layers side by side in one C array (each of `layers` a view into it), for
+        # `decode_layers` to run them all in one call.
+        self.array = (_Layer * len(layers))(*layers)
+        self.layers = list(self.array)
         # per layer, its mixture of experts (run here between the C calls) or None
         self.experts = experts or [None] * len(layers)
+        self.has_experts = any(e is not None for e in self.experts)
+        self.caches_key: tuple[int, int, int] | None = None  # of the caches the layers point at
         self.model = model  # keeps the weights the structs point into alive
         self.shape = dict(hidden=c.hidden_size, heads=c.num_heads, kv_heads=c.num_kv_heads,
                           head_dim=c.head_dim, intermediate=c.intermediate_size)
@@ -166,6 +171,7 @@ class CpuDecodePlan:
         self.dtype = model.dtype
         suffix = "bf16" if model.dtype == torch.bfloat16 else "f32"
         self.fn = getattr(native.library(), f"decode_layer_{suffix}")
+        self.all_fn = getattr(native.library(), f"decode_layers_{suffix}")
         self.moe_fn = getattr(native.library(), f"moe_rows_{suffix}")
 
     @classmethod
@@ -225,8 +231,16 @@ class CpuDecodePlan:
                      slots=slots.data_ptr(), tables=tables.data_ptr(), seq_lens=lens.data_ptr(),
                      cos_sin=rows.data_ptr(), kv_half=int(half), **self.shape)
         step_ref, x_ptr, r_ptr = ctypes.byref(step), x.data_ptr(), residual.data_ptr()
-        for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches, strict=True)):
-            layer.k_cache, layer.v_cache = k_cache.data_ptr(), v_cache.data_ptr()
+        key = (id(kv_caches), k0.data_ptr(), kv_caches[-1][1].data_ptr())
+        if key != self.caches_key:  # the same caches step after step: set once
+            for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
+                layer.k_cache, layer.v_cache = k_cache.data_ptr(), v_cache.data_ptr()
+            self.caches_key = key
+        if not self.has_experts:
+            if self.all_fn(step_ref, self.array, len(self.layers), x_ptr, r_ptr):
+                raise MemoryError("the CPU decode kernel could not allocate its scratch memory")
+            return x, residual
+        for i, layer in enumerate(self.layers):
             if self.fn(step_ref, ctypes.byref(layer), x_ptr, r_ptr, int(i == 0)):
                 raise MemoryError("the CPU decode kernel could not allocate its scratch memory")
             if (moe := self.experts[i]) is not None:  # x holds the experts' input

@@ -222,6 +222,17 @@ done:
     return rc;
 }
 
+/* decode_layer for layers[0 .. n) in turn: a decode step's layers in one call (one call a layer,
+ * each return to Python found its state cold, its caches refilled by the weights' stream). */
+int DL_FN(decode_layers)(const struct decode_step *s, const struct decode_layer *layers, int n,
+                         DL_T *x, DL_T *residual) {
+    for (int i = 0; i < n; i++) {
+        const int rc = DL_FN(decode_layer)(s, layers + i, x, residual, i == 0);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
 #undef DL_T
 #undef DL_SUF
 #undef DL_LOAD
