@@ -14,6 +14,7 @@ from textual.widgets import Input, TextArea
 
 from localpaged.tui.app import ChatApp
 from localpaged.tui.history import History
+from localpaged.tui.settings import SettingsScreen
 
 SIZE = (110, 32)
 
@@ -68,6 +69,14 @@ def test_settings_modal(snap_compare, tmp_path: Path, fresh_client) -> None:
     async def open_settings(pilot: Pilot) -> None:
         await no_blink(pilot)
         await pilot.press("ctrl+o")
+        # The modal's own fields stop blinking only once it is up and focused: on a loaded
+        # machine one pause after the key could come before, leaving a cursor caught mid-blink.
+        for _ in range(200):  # bounded: a modal that never opens fails, not hangs
+            if isinstance(pilot.app.screen, SettingsScreen) and pilot.app.screen.focused:
+                break
+            await pilot.pause(0.05)
+        else:
+            raise AssertionError(f"ctrl+o left {pilot.app.screen!r} on top")
         await no_blink(pilot)
 
     assert snap_compare(app_with_history(tmp_path, fresh_client), terminal_size=SIZE,
