@@ -1,8 +1,8 @@
 /* The body of paged_decode.c's kernel for one pair of element types: included once per pair
  * with PD_Q (the query's and output's type), PD_QLOAD, PD_STORE (float32 -> PD_Q), PD_T (the
  * cache's type), PD_LOAD, PD_DOT, PD_KEYS8 and PD_KEYS8_OK (8 keys' scores at once and the
- * head dimensions it takes, where the build has one), PD_NAME, PD_ROWS, PD_F32 (1: float32 values, read in place) and PD_VALUE_ROW defined (and
- * undefined again at the end). */
+ * head dimensions it takes, where the build has one), PD_NAME, PD_ROWS, PD_F32 (1: float32
+ * values, read in place) and PD_VALUE_ROW defined (and undefined again at the end). */
 /* Returns 0, -1 when scratch memory cannot be had, -2 for shapes past the limits above. */
 /* Rows b .. b + n - 1 (n >= 2) that are consecutive tokens of one request (the same blocks,
  * row i's context seq_lens[b] + i), for KV head h: each key and value is read once for all
@@ -232,8 +232,9 @@ int PD_NAME(const PD_Q *q, const PD_T *k_cache, const PD_T *v_cache,
         b += n;
     }
     starts[tasks] = batch;
-    /* Stretches of PD_SEG_KEYS keys (whole blocks): a row's own length alone sets them, so
-     * that its result does not depend on the rows beside it. */
+    /* Stretches of PD_SEG_KEYS keys, or PD_SEG_BYTES of them (whole blocks): a row's own
+     * length (and the model's shape) alone sets them, so that its result does not depend on
+     * the rows beside it. */
     const int row_bytes = (int)sizeof(PD_T) * kv_heads * dim,
               seg_keys = PD_SEG_BYTES / row_bytes > PD_SEG_KEYS ? PD_SEG_BYTES / row_bytes
                                                                  : PD_SEG_KEYS;
