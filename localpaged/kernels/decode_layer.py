@@ -163,7 +163,6 @@ class CpuDecodePlan:
         # per layer, its mixture of experts (run here between the C calls) or None
         self.experts = experts or [None] * len(layers)
         self.has_experts = any(e is not None for e in self.experts)
-        self.caches_key: tuple[int, int, int] | None = None  # of the caches the layers point at
         self.model = model  # keeps the weights the structs point into alive
         self.shape = dict(hidden=c.hidden_size, heads=c.num_heads, kv_heads=c.num_kv_heads,
                           head_dim=c.head_dim, intermediate=c.intermediate_size)
@@ -231,11 +230,8 @@ class CpuDecodePlan:
                      slots=slots.data_ptr(), tables=tables.data_ptr(), seq_lens=lens.data_ptr(),
                      cos_sin=rows.data_ptr(), kv_half=int(half), **self.shape)
         step_ref, x_ptr, r_ptr = ctypes.byref(step), x.data_ptr(), residual.data_ptr()
-        key = (id(kv_caches), k0.data_ptr(), kv_caches[-1][1].data_ptr())
-        if key != self.caches_key:  # the same caches step after step: set once
-            for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
-                layer.k_cache, layer.v_cache = k_cache.data_ptr(), v_cache.data_ptr()
-            self.caches_key = key
+        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
+            layer.k_cache, layer.v_cache = k_cache.data_ptr(), v_cache.data_ptr()
         if not self.has_experts:
             if self.all_fn(step_ref, self.array, len(self.layers), x_ptr, r_ptr):
                 raise MemoryError("the CPU decode kernel could not allocate its scratch memory")

@@ -317,18 +317,10 @@ static inline __attribute__((always_inline)) __m256 pd_dot8_of(const float *q, c
     return pd_sum8(a);
 }
 
-static inline __m256 pd_dot8(const float *q, const float *k, size_t k_stride, int dim) {
-    return pd_dot8_of(q, k, k_stride, dim, 0);
-}
-
-/* pd_dot8 for a float16 cache (a float32 model's): the same sums of the same products. */
-static inline __m256 pd_dot8_f16(const float *q, const uint16_t *k, size_t k_stride, int dim) {
-    return pd_dot8_of(q, k, k_stride, dim, 1);
-}
 #endif
 
 #ifdef PD_AVX512BF16
-/* pd_dot8 for bf16 query and keys (dim % 32 == 0), products by VDPBF16PS (exact, summed in
+/* pd_dot8_of for bf16 query and keys (dim % 32 == 0), products by VDPBF16PS (exact, summed in
  * float32). */
 static inline __m256 pd_dot8_bf16(const uint16_t *q, const uint16_t *k, size_t k_stride,
                                   int dim) {
@@ -358,12 +350,13 @@ static inline __m256 pd_keys8_bf16(const float *qf, const uint16_t *q, const uin
 static inline __m256 pd_keys8_f32(const float *qf, const float *q, const float *k,
                                   size_t k_stride, int dim, float scale) {
     (void)q, (void)scale;
-    return pd_dot8(qf, k, k_stride, dim);
+    return pd_dot8_of(qf, k, k_stride, dim, 0);
 }
+/* A float16 cache's (a float32 model's): the same sums of the same products. */
 static inline __m256 pd_keys8_f16(const float *qf, const float *q, const uint16_t *k,
                                   size_t k_stride, int dim, float scale) {
     (void)q, (void)scale;
-    return pd_dot8_f16(qf, k, k_stride, dim);
+    return pd_dot8_of(qf, k, k_stride, dim, 1);
 }
 #endif
 
