@@ -4,7 +4,7 @@ engine that has generated nothing (no timings on screen), no cursor blink."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +53,16 @@ def app_with_history(tmp_path: Path, client: Any) -> ChatApp:
     return ChatApp(history, client=client, owns_client=False)
 
 
+async def until(pilot: Pilot, ready: Callable[[], bool], failure: Callable[[], str]) -> None:
+    """Pause until `ready()`, bounded: a state that never arrives fails (`failure()` says
+    what was there instead), not hangs."""
+    for _ in range(200):
+        if ready():
+            return
+        await pilot.pause(0.05)
+    raise AssertionError(failure())
+
+
 async def no_blink(pilot: Pilot) -> None:
     await pilot.pause()
     for w in pilot.app.screen.query("TextArea, Input"):
@@ -71,12 +81,9 @@ def test_settings_modal(snap_compare, tmp_path: Path, fresh_client) -> None:
         await pilot.press("ctrl+o")
         # The modal's own fields stop blinking only once it is up and focused: on a loaded
         # machine one pause after the key could come before, leaving a cursor caught mid-blink.
-        for _ in range(200):  # bounded: a modal that never opens fails, not hangs
-            if isinstance(pilot.app.screen, SettingsScreen) and pilot.app.screen.focused:
-                break
-            await pilot.pause(0.05)
-        else:
-            raise AssertionError(f"ctrl+o left {pilot.app.screen!r} on top")
+        await until(pilot, lambda: isinstance(pilot.app.screen, SettingsScreen)
+                    and pilot.app.screen.focused is not None,
+                    lambda: f"ctrl+o left {pilot.app.screen!r} on top")
         await no_blink(pilot)
 
     assert snap_compare(app_with_history(tmp_path, fresh_client), terminal_size=SIZE,
@@ -98,12 +105,9 @@ def test_sidebar(snap_compare, tmp_path: Path, fresh_client) -> None:
         await no_blink(pilot)
         await pilot.pause(0.3)  # the tabs restored from history settle (and take focus) first
         await pilot.press("ctrl+b")
-        for _ in range(200):  # bounded: a focus that never arrives fails, not hangs
-            if pilot.app.focused is not None and pilot.app.focused.id == "conversations":
-                break
-            await pilot.pause(0.05)
-        else:
-            raise AssertionError(f"ctrl+b left the focus on {pilot.app.focused!r}")
+        await until(pilot, lambda: pilot.app.focused is not None
+                    and pilot.app.focused.id == "conversations",
+                    lambda: f"ctrl+b left the focus on {pilot.app.focused!r}")
         await no_blink(pilot)
 
     assert snap_compare(app_with_history(tmp_path, fresh_client), terminal_size=SIZE,
